@@ -1,2 +1,18 @@
 """ms_atb: a MindSpore-native LLM inference engine built around a paged KV cache."""
 __version__ = "0.1.0"
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+
+
+def __getattr__(name):
+    # Lazy, so that `import ms_atb.block_manager` does not import MindSpore.
+    if name == "LLM":
+        from ms_atb.llm import LLM
+        return LLM
+    if name == "SamplingParams":
+        from ms_atb.sampling_params import SamplingParams
+        return SamplingParams
+    if name == "RequestOutput":
+        from ms_atb.outputs import RequestOutput
+        return RequestOutput
+    raise AttributeError(f"module 'ms_atb' has no attribute {name!r}")

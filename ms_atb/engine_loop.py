@@ -1,0 +1,150 @@
+"""EngineLoop: one generate() run — schedule, execute, sample, update, detokenize, until done."""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import numpy as np
+
+from ms_atb.outputs import RequestMetrics, RequestOutput
+from ms_atb.request import Request
+from ms_atb.sequence import Sequence, SequenceStatus
+
+
+class _Tracked:
+    """A request in flight: its sequence, its text so far and its random generator."""
+    __slots__ = ("request", "seq", "detok", "text", "generator", "stop_reason")
+
+    def __init__(self, request: Request, seq: Sequence, detok, generator):
+        self.request, self.seq, self.detok, self.generator = request, seq, detok, generator
+        self.text = ""
+        self.stop_reason = None
+
+
+class EngineLoop:
+    def __init__(self, llm, requests: list[Request]):
+        self.llm = llm
+        self.requests = requests
+        self.tracked: dict[str, _Tracked] = {}
+        self.failed = False
+        self.num_output_tokens = 0
+        self.usage: list[float] = []
+        self.start = self.end = time.perf_counter()
+
+    def run(self, use_tqdm: bool = True) -> Iterator[tuple[int, RequestOutput]]:
+        from ms_atb.detokenizer import IncrementalDetokenizer
+        llm, sched = self.llm, self.llm.scheduler
+        tok = llm.tokenizer
+        eos = set(tok.stop_token_ids) if tok is not None else set()
+        if tok is None and llm.model_config.eos_token_id is not None:
+            eos.add(llm.model_config.eos_token_id)
+        self.start = now = time.perf_counter()
+        for r in self.requests:
+            p = r.params
+            seq = Sequence(r.request_id, r.prompt_token_ids, p.max_tokens, p.ignore_eos,
+                           eos | set(p.stop_token_ids or ()), arrival_time=now)
+            gen = None
+            if not p.greedy:
+                seed = p.seed if p.seed is not None else [llm.config.context.seed, llm._next_id, r.index]
+                gen = np.random.default_rng(seed)
+            detok = IncrementalDetokenizer(tok, r.prompt_token_ids) if tok is not None else None
+            self.tracked[r.request_id] = _Tracked(r, seq, detok, gen)
+            sched.add(seq)
+        bar = _progress(len(self.requests), use_tqdm)
+        try:
+            while sched.has_unfinished():
+                step = sched.schedule()
+                now = time.perf_counter()
+                for seq in step.seqs:
+                    if seq.first_scheduled_time is None:
+                        seq.first_scheduled_time = now
+                self.failed = True           # until the step's KV is written
+                logits = llm.runner.execute(step)          # [B, vocab]
+                self.failed = False
+                rows = [b for b, s in enumerate(step.sampled) if s]
+                sampled: list[int | None] = [None] * len(step.seqs)
+                if rows:
+                    ts = [self.tracked[step.request_ids[b]] for b in rows]
+                    tokens = llm.sampler.sample(logits[rows], [t.request.params for t in ts],
+                                                [t.generator for t in ts])
+                    for b, token in zip(rows, tokens):
+                        sampled[b] = int(token)
+                now = time.perf_counter()
+                finished = sched.update(step, sampled, now=now)
+                self.usage.append(sched.block_manager.stats()["usage"])
+                for b in rows:
+                    t = self.tracked[step.request_ids[b]]
+                    self.num_output_tokens += 1
+                    if self._append_text(t, sampled[b]):
+                        if t.seq.is_finished:
+                            t.seq.finish_reason = "stop"
+                        else:
+                            sched.finish(t.seq, "stop", now)
+                            finished.append(t.seq)
+                for seq in finished:
+                    t = self.tracked.pop(seq.request_id)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix_str(f"{self.num_output_tokens / (now - self.start):.1f} tok/s",
+                                            refresh=False)
+                    yield t.request.index, self._output(t)
+        finally:
+            self.end = time.perf_counter()
+            if bar is not None:
+                bar.close()
+
+    def _append_text(self, t: _Tracked, token: int) -> bool:
+        """Adds token's text; True if a stop string now ends the request."""
+        seq = t.seq
+        if t.detok is None:
+            return False
+        if seq.finish_reason == "stop" and token in seq.stop_token_ids:
+            t.stop_reason = token           # the stop token itself is not part of the text
+            return False
+        new = t.detok.add(token)
+        if not new:
+            return False
+        t.text += new
+        for stop in t.request.params.stop or ():
+            at = t.text.find(stop, max(0, len(t.text) - len(new) - len(stop) + 1))
+            if at >= 0:
+                t.text = t.text[:at]
+                t.stop_reason = stop
+                return True
+        return False
+
+    def _output(self, t: _Tracked) -> RequestOutput:
+        seq = t.seq
+        return RequestOutput(
+            request_id=seq.request_id, prompt=t.request.prompt,
+            prompt_token_ids=list(t.request.prompt_token_ids), text=t.text,
+            token_ids=seq.output_token_ids, finish_reason=seq.finish_reason,
+            num_cached_tokens=seq.num_cached_tokens,
+            metrics=RequestMetrics(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
+                                   seq.finish_time, seq.num_output_tokens),
+            stop_reason=t.stop_reason)
+
+    def abort_unfinished(self) -> None:
+        """Drops what did not finish. After a failure inside a step, blocks committed for that
+        step hold no KV, so the prefix cache is dropped with them."""
+        sched = self.llm.scheduler
+        for t in self.tracked.values():
+            if t.seq.status is not SequenceStatus.FINISHED:
+                sched.finish(t.seq, "abort")
+        self.tracked.clear()
+        if self.failed:
+            self.llm.scheduler = self.llm.new_scheduler()
+
+    def stats(self) -> dict:
+        elapsed = max(self.end - self.start, 1e-9)
+        return {"tokens_per_s": self.num_output_tokens / elapsed,
+                "num_output_tokens": self.num_output_tokens, "elapsed_s": elapsed,
+                "kv_cache_usage_mean": float(np.mean(self.usage)) if self.usage else 0.0,
+                "kv_cache_usage_peak": float(np.max(self.usage)) if self.usage else 0.0}
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, unit="req", desc="generate", dynamic_ncols=True)

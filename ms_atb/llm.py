@@ -1,0 +1,256 @@
+"""LLM: the front door. Validates requests, runs the schedule -> model -> sample -> update loop."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator, Sequence as Seq, Union
+
+import numpy as np
+
+from ms_atb.config import EngineConfig, config_keys, parse_size
+from ms_atb.outputs import RequestOutput
+from ms_atb.sampler import Sampler
+from ms_atb.sampling_params import SamplingParams
+from ms_atb.request import Request
+from ms_atb.scheduler import Scheduler
+
+Prompt = Union[str, list[int]]
+
+
+class LLM:
+    """llm = LLM("configs/smollm2_135m.yaml", device="cpu", enable_prefix_caching=True)
+
+    The first argument is a YAML config, an HF directory or a GGUF file; every config leaf may be
+    passed as a keyword that overrides the file."""
+
+    def __init__(self, model_or_config: Union[str, dict, None] = None, device: str | None = None,
+                 **keywords):
+        from ms_atb.models.loader import load_config
+        from ms_atb.models.parallel import validate_tp
+        from ms_atb.model_runner import ModelRunner, kv_cache_bytes_per_block
+        from ms_atb.tokenizer import load_tokenizer
+
+        self.config = cfg = EngineConfig.load(model_or_config, device=device, **keywords)
+        tp = cfg.parallel.tensor_parallel_size
+        self.model_config = load_config(cfg.model.path)
+        validate_tp(self.model_config, tp)
+        self.rank = _init_distributed(tp)
+        self.max_model_len = cfg.model.max_model_len
+        max_pos = getattr(self.model_config, "max_position_embeddings", None)
+        if max_pos and self.max_model_len > max_pos:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {max_pos}")
+        kv = cfg.kv_cache
+        self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size,
+                                                           cfg.model.dtype, tp)
+        if kv.num_blocks == "auto":
+            budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
+            self.num_blocks = budget // self.kv_bytes_per_block
+            if self.num_blocks < 1:
+                raise ValueError(f"kv_cache.memory_budget {kv.memory_budget} holds no block of "
+                                 f"{self.kv_bytes_per_block} bytes")
+            self._log(f"KV cache: memory_budget {budget} bytes / {self.kv_bytes_per_block} bytes per "
+                      f"block of {kv.block_size} tokens = {self.num_blocks} blocks")
+        else:
+            self.num_blocks = kv.num_blocks
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        t0 = time.perf_counter()
+        sc = cfg.scheduler
+        self.runner = ModelRunner(cfg.model.path, cfg.model.dtype, self.num_blocks, kv.block_size,
+                                  sc.max_num_seqs, sc.max_num_batched_tokens, self.max_model_len,
+                                  device=cfg.context.device, tp_size=tp, tp_rank=self.rank)
+        self.runner.warmup()
+        self.build_seconds = time.perf_counter() - t0
+        self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
+                              "max_num_batched_tokens": sc.max_num_batched_tokens}
+        self.scheduler = self.new_scheduler()
+        self.sampler = Sampler()
+        self._next_id = 0
+        self._run_stats: dict = {}
+
+    # ---- public API -----------------------------------------------------------------------
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts: Union[Prompt, Seq[Prompt]],
+                 sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Returns one RequestOutput per prompt, in input order."""
+        return self._run(self._make_requests(prompts, sampling_params), use_tqdm)
+
+    def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
+        outputs: list[RequestOutput | None] = [None] * len(requests)
+        try:
+            for index, out in self.generate_iter(requests, use_tqdm=use_tqdm):
+                outputs[index] = out
+        except BaseException as e:
+            # What finished before the failure is not lost: it rides on the exception.
+            e.partial_outputs = [o for o in outputs if o is not None]
+            raise
+        return outputs
+
+    def generate_iter(self, requests: list[Request], use_tqdm: bool = True
+                      ) -> Iterator[tuple[int, RequestOutput]]:
+        """Runs validated requests; yields (index, output) as each finishes. If the run fails
+        or the caller stops early, the unfinished requests are dropped and the engine stays
+        usable."""
+        from ms_atb.engine_loop import EngineLoop
+        loop = EngineLoop(self, requests)
+        try:
+            yield from loop.run(use_tqdm=use_tqdm and self.rank == 0)
+        finally:
+            loop.abort_unfinished()
+            self._run_stats = loop.stats()
+
+    def chat(self, conversations, sampling_params=None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """conversations: one list of {"role", "content"} messages, or a list of them."""
+        if not isinstance(conversations, (list, tuple)) or not conversations:
+            raise ValueError("chat() takes a conversation (a non-empty list of messages) or a list of them")
+        if isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [self.apply_chat_template(c, add_generation_prompt, index=i)
+                   for i, c in enumerate(conversations)]
+        # The template writes the special tokens (BOS included) itself.
+        requests = self._make_requests(prompts, sampling_params, add_special_tokens=False)
+        return self._run(requests, use_tqdm)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, index: int = 0) -> str:
+        if not isinstance(messages, (list, tuple)) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages) or not messages:
+            raise ValueError(f"conversation {index}: expected a non-empty list of "
+                             f"{{'role': str, 'content': str}} messages")
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so it has no chat template")
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt)
+
+    def stats(self) -> dict:
+        """Flat statistics of the engine and of the last generate() run."""
+        s = self.scheduler.stats()
+        queries = s.get("prefix_cache_queries", 0)
+        out = {
+            "kv_cache_usage": self._run_stats.get("kv_cache_usage_mean", s.get("usage", 0.0)),
+            "kv_cache_usage_peak": self._run_stats.get("kv_cache_usage_peak", 0.0),
+            "prefix_cache_hit_rate": s.get("prefix_cache_hits", 0) / queries if queries else 0.0,
+            "prefix_cache_hits": s.get("prefix_cache_hits", 0),
+            "prefix_cache_queries": queries,
+            "num_preemptions": s["num_preemptions"],
+            "contiguity": s.get("contiguity", 1.0),
+            "allocation_contiguity": s.get("allocation_contiguity", 1.0),
+            "evictions": s.get("evictions", 0),
+            "peak_running": s["peak_running"],
+            "num_blocks": self.num_blocks,
+            "block_size": self.config.kv_cache.block_size,
+            "num_computed_tokens": s["num_computed_prompt_tokens"],
+        }
+        out.update({k: v for k, v in self._run_stats.items() if not k.startswith("kv_")})
+        return out
+
+    # ---- request validation -----------------------------------------------------------------
+    def _make_requests(self, prompts, sampling_params, add_special_tokens: bool = True) -> list[Request]:
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and all(_is_int(t) for t in prompts)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; "
+                             f"got {type(prompts).__name__}")
+        if sampling_params is None:
+            sampling_params = self.default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        elif not isinstance(sampling_params, (list, tuple)) or len(sampling_params) != len(prompts) \
+                or not all(isinstance(p, SamplingParams) for p in sampling_params):
+            raise ValueError(f"sampling_params must be one SamplingParams or a list of {len(prompts)} "
+                             f"(one per prompt)")
+        return [self.make_request(p, sp, i, add_special_tokens=add_special_tokens)
+                for i, (p, sp) in enumerate(zip(prompts, sampling_params))]
+
+    def make_request(self, prompt: Prompt, params: SamplingParams, index: int,
+                     request_id: str | None = None, add_special_tokens: bool = True) -> Request:
+        """Validates one request; ValueError naming its index."""
+        try:
+            if isinstance(prompt, str):
+                if not prompt:
+                    raise ValueError("the prompt is empty")
+                if self.tokenizer is None:
+                    raise ValueError("this model has no tokenizer: pass token ids")
+                ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+                text = prompt
+            elif isinstance(prompt, (list, tuple)):
+                if not all(_is_int(t) for t in prompt):
+                    raise ValueError("a token-id prompt must be a list of ints")
+                ids, text = list(prompt), None
+            else:
+                raise ValueError(f"a prompt must be a string or a list of token ids, "
+                                 f"got {type(prompt).__name__}")
+            if not ids:
+                raise ValueError("the prompt is empty")
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            if params.stop_token_ids and any(t >= vocab for t in params.stop_token_ids):
+                raise ValueError(f"stop_token_ids must be < vocab size {vocab}")
+            self.scheduler.check(len(ids), params.max_tokens)
+        except ValueError as e:
+            raise ValueError(f"request {index}: {e}") from None
+        if request_id is None:
+            request_id = f"req-{self._next_id}"
+            self._next_id += 1
+        return Request(request_id, index, text, ids, params)
+
+    def new_scheduler(self) -> Scheduler:
+        """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""
+        kv, sc = self.config.kv_cache, self.config.scheduler
+        return Scheduler(self.num_blocks, kv.block_size, self.max_model_len, sc.max_num_seqs,
+                         sc.max_num_batched_tokens, sc.enable_chunked_prefill,
+                         kv.enable_prefix_caching, kv.allocation)
+
+    def reset_scheduler(self, **overrides) -> None:
+        """Empties the KV cache and applies scheduling settings that need no recompilation:
+        num_blocks (up to the pool built), enable_prefix_caching, allocation,
+        enable_chunked_prefill, max_num_seqs and max_num_batched_tokens (up to those built)."""
+        built = self._built_limits
+        allowed = ("num_blocks", "enable_prefix_caching", "allocation", "enable_chunked_prefill",
+                   "max_num_seqs", "max_num_batched_tokens")
+        for key, value in overrides.items():
+            if key not in allowed:
+                raise ValueError(f"reset_scheduler() takes {allowed}, got {key!r}")
+            if key in built and not (isinstance(value, int) and 1 <= value <= built[key]):
+                raise ValueError(f"{key} must be an integer in [1, {built[key]}] (the engine was built "
+                                 f"for {built[key]}), got {value!r}")
+            if key == "num_blocks":
+                self.num_blocks = value
+            else:
+                self.config._set(config_keys()[key], key, value)
+        self.config.validate()
+        self.scheduler = self.new_scheduler()
+
+    def default_sampling_params(self) -> SamplingParams:
+        s = self.config.sampling
+        return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
+                              top_p=s.top_p, ignore_eos=s.ignore_eos)
+
+    def _log(self, message: str) -> None:
+        if self.rank == 0 and os.environ.get("MS_ATB_QUIET") != "1":
+            print(f"[ms_atb] {message}", flush=True)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _init_distributed(tp: int) -> int:
+    """Initialises MindSpore's communication for tensor parallelism; returns this rank."""
+    if tp == 1:
+        return 0
+    from mindspore.communication import get_group_size, get_rank, init
+    if "MS_WORKER_NUM" not in os.environ and "RANK_TABLE_FILE" not in os.environ:
+        raise ValueError(f"tensor_parallel_size {tp} needs one process per rank: launch with "
+                         f"msrun --worker_num={tp} --local_worker_num={tp} ... (see README)")
+    init()
+    world = get_group_size()
+    if world != tp:
+        raise ValueError(f"tensor_parallel_size {tp} does not match the msrun world size {world}")
+    return get_rank()

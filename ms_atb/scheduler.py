@@ -1,0 +1,245 @@
+"""Continuous batching over the paged KV cache.
+
+Each request has num_computed_tokens and the scheduler lets it catch up with num_tokens: a
+prompt (or a chunk of it), a resumed request's recompute and a decode token are the same thing,
+"tokens to compute". A step takes the running requests first (in admission order), then
+waiting ones in arrival order, within max_num_batched_tokens and max_num_seqs. As it schedules
+a request it commits the tokens that request will have computed after the step, so a request
+admitted later in the same step shares a prefix an earlier one computes in it. When a block
+cannot be had, the most recently admitted running request is preempted by recompute.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+
+from ms_atb.block_manager import BlockManager, NoFreeBlocksError
+from ms_atb.sequence import Sequence, SequenceStatus
+
+ALLOCATIONS = ("contiguous", "scattered", "static")
+
+
+@dataclass
+class Step:
+    """A plain description of one model step; the model runner turns it into tensors."""
+    seqs: list[Sequence] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)  # [B]
+    request_ids: list[str] = field(default_factory=list)           # [B]
+    token_ids: list[int] = field(default_factory=list)             # [T] flattened, no padding
+    positions: list[int] = field(default_factory=list)             # [T]
+    slot_mapping: list[int] = field(default_factory=list)          # [T] block_id * block_size + offset
+    block_tables: list[list[int]] = field(default_factory=list)    # [B][num blocks of b]
+    context_lens: list[int] = field(default_factory=list)          # [B] tokens with KV after the step
+    query_start_loc: list[int] = field(default_factory=lambda: [0])  # [B + 1]
+    sampled: list[bool] = field(default_factory=list)              # [B] does b sample a token now?
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
+                 max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
+                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = False,
+                 allocation: str = "contiguous"):
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
+        for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.block_manager = BlockManager(
+            num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
+            allocation="scattered" if allocation == "scattered" else "contiguous")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.static = allocation == "static"
+        self.static_blocks_per_seq = math.ceil(max_model_len / block_size)
+        if self.static and self.static_blocks_per_seq > num_blocks:
+            raise ValueError(f"static allocation reserves {self.static_blocks_per_seq} blocks "
+                             f"(max_model_len {max_model_len}) per request, but the pool has only "
+                             f"{num_blocks}")
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []          # admission order: the newest is last
+        self._num_slots: dict[str, int] = {}       # request id -> tokens with a KV slot reserved
+        self.num_preemptions = 0
+        self.peak_running = 0
+        self.num_steps = 0
+        self.num_computed_prompt_tokens = 0        # tokens actually fed to the model, recompute included
+
+    # ---- requests -------------------------------------------------------------------------
+    def check(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """ValueError if a request of this size could never run."""
+        if num_prompt_tokens < 1:
+            raise ValueError("the prompt is empty")
+        total = num_prompt_tokens + max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                             f"{total} exceeds max_model_len {self.max_model_len}")
+        # The last sampled token never gets a KV slot.
+        blocks = math.ceil((total - 1) / self.block_size)
+        if blocks > self.block_manager.num_blocks:
+            raise ValueError(f"the request needs {blocks} KV blocks but the pool has only "
+                             f"{self.block_manager.num_blocks}")
+        if not self.enable_chunked_prefill and num_prompt_tokens > self.max_num_batched_tokens:
+            raise ValueError(f"prompt of {num_prompt_tokens} tokens exceeds max_num_batched_tokens "
+                             f"{self.max_num_batched_tokens} and chunked prefill is disabled")
+
+    def add(self, seq: Sequence) -> None:
+        self.check(seq.num_prompt_tokens, seq.max_tokens)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- scheduling -----------------------------------------------------------------------
+    def schedule(self) -> Step:
+        step = Step()
+        budget = self.max_num_batched_tokens
+        scheduled: set[int] = set()
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._reserve(seq):
+                break                      # seq itself was preempted: it was the newest
+            self._add_to_step(step, seq, num_new)
+            scheduled.add(id(seq))
+            budget -= num_new
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if self.static and (len(self.running) + 1) * self.static_blocks_per_seq > \
+                    self.block_manager.num_blocks:
+                break
+            # A recompute after preemption may always be chunked: it is invisible to the user.
+            may_chunk = self.enable_chunked_prefill or seq.num_preemptions > 0
+            if not may_chunk and seq.num_tokens > budget:
+                break
+            try:
+                num_cached = self.block_manager.allocate(
+                    seq.request_id, seq.token_ids, max_tokens=seq.num_remaining_tokens)
+            except NoFreeBlocksError:
+                break
+            self._num_slots[seq.request_id] = seq.num_tokens
+            num_new = seq.num_tokens - num_cached
+            self.waiting.popleft()
+            seq.num_computed_tokens = num_cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_new = min(num_new, budget)
+            self._add_to_step(step, seq, num_new)
+            budget -= num_new
+        assert step.seqs or not self.has_unfinished(), "scheduler made no progress"
+        self.peak_running = max(self.peak_running, len(self.running))
+        self.num_steps += 1
+        return step
+
+    def _reserve(self, seq: Sequence) -> bool:
+        """Reserves a KV slot for seq's newest token (sampled last step) if it has none yet,
+        preempting the newest running requests as needed. False if seq itself was preempted."""
+        if self._num_slots[seq.request_id] == seq.num_tokens:
+            return True                    # a prefill chunk: its slots were reserved at allocate
+        while True:
+            try:
+                self.block_manager.append_token(seq.request_id, seq.token_ids[-1])
+                self._num_slots[seq.request_id] += 1
+                return True
+            except NoFreeBlocksError:
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    return False
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        self.block_manager.free(seq.request_id)
+        del self._num_slots[seq.request_id]
+
+    def _add_to_step(self, step: Step, seq: Sequence, num_new: int) -> None:
+        assert num_new > 0
+        start = seq.num_computed_tokens
+        end = start + num_new
+        self.block_manager.commit(seq.request_id, end)
+        table = self.block_manager.block_table(seq.request_id)
+        bs = self.block_size
+        step.seqs.append(seq)
+        step.request_ids.append(seq.request_id)
+        step.num_scheduled_tokens.append(num_new)
+        step.token_ids.extend(seq.token_ids[start:end])
+        step.positions.extend(range(start, end))
+        step.slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        step.block_tables.append(list(table))
+        step.context_lens.append(end)
+        step.query_start_loc.append(step.query_start_loc[-1] + num_new)
+        step.sampled.append(end == seq.num_tokens)
+        seq.num_computed_tokens = end
+        self.num_computed_prompt_tokens += num_new
+
+    # ---- results --------------------------------------------------------------------------
+    def update(self, step: Step, sampled_token_ids: list[int | None], now: float | None = None
+               ) -> list[Sequence]:
+        """Appends each sampling request's new token, applies the stop conditions and frees
+        finished requests. sampled_token_ids is aligned with step.seqs (None where b did not
+        sample). Returns the requests that finished."""
+        finished = []
+        for seq, sampled, token in zip(step.seqs, step.sampled, sampled_token_ids):
+            if not sampled or seq.status is not SequenceStatus.RUNNING:
+                continue
+            assert token is not None
+            seq.token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = None
+            if not seq.ignore_eos and token in seq.stop_token_ids:
+                reason = "stop"
+            elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                self.finish(seq, reason, now)
+                finished.append(seq)
+        return finished
+
+    def finish(self, seq: Sequence, reason: str, now: float | None = None) -> None:
+        """Ends a request (also for stop strings found by the engine, or an abort)."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = now
+
+    def stats(self) -> dict:
+        s = dict(self.block_manager.stats())
+        s.update(num_preemptions=self.num_preemptions, peak_running=self.peak_running,
+                 num_running=len(self.running), num_waiting=len(self.waiting),
+                 num_steps=self.num_steps,
+                 num_computed_prompt_tokens=self.num_computed_prompt_tokens)
+        if self.static:
+            s["static_reserved_blocks"] = len(self.running) * self.static_blocks_per_seq
+        return s

@@ -1,0 +1,65 @@
+"""Per-request state: token ids and a few counters; everything else is derived."""
+from __future__ import annotations
+
+import enum
+import time
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request. Its KV is computed for token_ids[:num_computed_tokens]; the scheduler lets
+    num_computed_tokens catch up with num_tokens (there is no separate prefill or decode phase)."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+                 ignore_eos: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),
+                 arrival_time: float | None = None):
+        assert len(prompt_token_ids) > 0 and max_tokens > 0
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.ignore_eos = ignore_eos
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0       # prompt tokens found in the prefix cache at first admission
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        """Tokens it may still generate."""
+        return self.max_tokens - self.num_output_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens})")

@@ -1,0 +1,69 @@
+"""YAML config: sections, keyword overrides, and errors that name the key."""
+import os
+
+import pytest
+
+from ms_atb.config import EngineConfig, config_keys, parse_size
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
+
+
+def test_tiny_config_loads_and_keywords_override():
+    cfg = EngineConfig.load(TINY, num_blocks=64, tensor_parallel_size=2, enable_prefix_caching=False)
+    assert cfg.kv_cache.num_blocks == 64
+    assert cfg.parallel.tensor_parallel_size == 2
+    assert cfg.kv_cache.enable_prefix_caching is False
+    assert cfg.model.path.startswith("random:tiny-llama")
+    assert cfg.model.max_model_len >= 256
+
+
+def test_leaf_names_are_unique_and_cover_every_section():
+    keys = config_keys()
+    assert {"path", "block_size", "num_blocks", "memory_budget", "max_num_seqs", "tensor_parallel_size",
+            "device", "seed", "temperature"} <= set(keys)
+    assert set(keys.values()) == {"model", "kv_cache", "scheduler", "parallel", "context", "sampling"}
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"model": {"path": "random:tiny-llama", "colour": 1}}, r"unknown config key model\.colour"),
+    ({"modle": {"path": "random:tiny-llama"}}, r"unknown config section 'modle'"),
+    ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"block_size": "16"}}, r"kv_cache\.block_size must be an integer"),
+    ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"enable_prefix_caching": "yes"}}, r"enable_prefix_caching must be true or false"),
+    ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"allocation": "lazy"}}, r"kv_cache\.allocation must be one of"),
+    ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"num_blocks": 0}}, r"num_blocks"),
+    ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"memory_budget": "lots"}}, r"memory_budget"),
+    ({"model": {"path": "random:tiny-llama"}, "context": {"device": "gpu"}}, r"context\.device must be one of"),
+    ({"model": {"path": "random:tiny-llama", "dtype": "bfloat16"}}, r"bfloat16 does not run on the CPU"),
+    ({"model": {"path": "/nonexistent/model.gguf"}}, r"not found"),
+    ({"model": {"path": "pkg:no_such_package_xyz/m.gguf"}}, r"not installed"),
+    ({"scheduler": {"max_num_seqs": 4}}, r"model\.path is required"),
+])
+def test_bad_configs_name_the_key(data, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig.load(data)
+
+
+def test_unknown_keyword_is_an_error():
+    with pytest.raises(ValueError, match="unknown keyword 'num_blocsk'"):
+        EngineConfig.load(TINY, num_blocsk=3)
+
+
+def test_missing_yaml_file():
+    with pytest.raises(ValueError, match="config file not found"):
+        EngineConfig.load("/nonexistent/x.yaml")
+
+
+def test_sizes_and_package_paths():
+    assert parse_size("1GiB", "x") == 2**30
+    assert parse_size("512 MiB", "x") == 512 * 2**20
+    assert parse_size(1000, "x") == 1000
+    cfg = EngineConfig.load(os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
+    assert cfg.model.path.endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and os.path.isfile(cfg.model.path)
+    assert cfg.kv_cache.num_blocks == "auto"
+
+
+def test_relative_model_path_is_relative_to_the_yaml(tmp_path):
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "c.yaml").write_text("model:\n  path: weights\n")
+    assert EngineConfig.load(str(tmp_path / "c.yaml")).model.path == str(tmp_path / "weights")

@@ -1,0 +1,199 @@
+"""End-to-end generate() on the tiny random Llama: against an independent numpy model, with prefix
+caching on and off, under preemption, seeded sampling, stop conditions and bad input."""
+import os
+
+import numpy as np
+import pytest
+
+from ms_atb import LLM, SamplingParams
+from ms_atb.models.loader import iter_weights, load_config
+from numpy_llama import forward
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # Small step caps keep the number of compiled graphs (and the build time) down.
+    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+
+
+def numpy_greedy(prompt, n):
+    path = "random:tiny-llama?seed=0"
+    config = load_config(path)
+    weights = dict(iter_weights(path, config))
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(np.argmax(forward(weights, config, tokens)[-1])))
+    return tokens[len(prompt):]
+
+
+def prompts_with_shared_prefix(n, prefix_len=40, seed=0):
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(0, 500, prefix_len).tolist()
+    return [prefix + rng.integers(0, 500, int(rng.integers(1, 30))).tolist() for _ in range(n)]
+
+
+def tokens_of(outs):
+    return [o.token_ids for o in outs]
+
+
+def test_greedy_matches_numpy_reference(llm):
+    prompts = [[1, 2, 3, 4, 5], list(range(100, 170)), [7]]     # the 70-token prompt is chunked
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == numpy_greedy(prompt, 12)
+        assert out.finish_reason == "length"
+
+
+def test_prefix_caching_on_and_off_give_identical_tokens(llm):
+    prompts = prompts_with_shared_prefix(6)
+    llm.reset_scheduler(enable_prefix_caching=True)
+    cached = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert llm.stats()["prefix_cache_hit_rate"] > 0.3
+    assert all(o.num_cached_tokens == 32 for o in cached[1:])      # two whole 16-token blocks
+    llm.reset_scheduler(enable_prefix_caching=False)
+    plain = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert all(o.num_cached_tokens == 0 for o in plain)
+    assert tokens_of(cached) == tokens_of(plain)
+    llm.reset_scheduler(enable_prefix_caching=True)
+
+
+def test_tight_pool_preempts_and_gives_identical_tokens(llm):
+    prompts = prompts_with_shared_prefix(8, seed=1)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    llm.reset_scheduler(num_blocks=96)
+    roomy = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["num_preemptions"] == 0
+    llm.reset_scheduler(num_blocks=10)
+    tight = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["num_preemptions"] > 0
+    assert tokens_of(tight) == tokens_of(roomy)
+    llm.reset_scheduler(num_blocks=96)
+
+
+def test_seeded_sampling_is_independent_of_the_batch(llm):
+    p = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
+    alone = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].token_ids
+    others = [SamplingParams(max_tokens=9, temperature=1.0, seed=s) for s in range(3)]
+    batch = llm.generate([[40, 41], [5, 6, 7], list(range(60)), [9]], [others[0], p, others[1], others[2]],
+                         use_tqdm=False)
+    assert batch[1].token_ids == alone
+    again = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].token_ids
+    assert again == alone
+    different = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=99),
+                             use_tqdm=False)[0].token_ids
+    assert different != alone
+
+
+def test_stop_token_ids_end_the_request(llm):
+    expected = llm.generate([[1, 2, 3, 4, 5]], GREEDY, use_tqdm=False)[0].token_ids
+    stop = expected[3]
+    first = expected.index(stop)
+    out = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop]),
+                       use_tqdm=False)[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == expected[:first + 1]           # includes the token that ended it
+    ignored = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop],
+                                                            ignore_eos=True), use_tqdm=False)[0]
+    assert ignored.token_ids == expected and ignored.finish_reason == "length"
+
+
+def test_string_prompts_and_stop_strings(llm):
+    out = llm.generate("hello", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    assert len(out) == 1 and out[0].prompt == "hello"
+    assert out[0].prompt_token_ids == llm.get_tokenizer().encode("hello")
+    text = out[0].text
+    assert text == llm.get_tokenizer().decode(out[0].token_ids)
+    if len(text) >= 3:
+        stop = text[1:3]
+        cut = llm.generate("hello", SamplingParams(max_tokens=8, temperature=0.0, stop=[stop]), use_tqdm=False)[0]
+        assert cut.text == text[:text.index(stop)] and cut.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("prompt, params, match", [
+    ([], None, r"request 1: the prompt is empty"),
+    ("", None, r"request 1: the prompt is empty"),
+    ([1] * 600, None, r"request 1: .*max_model_len"),
+    ([1, 2, 512], None, r"request 1: token id 512 is outside the vocabulary \[0, 512\)"),
+    ([1, -1], None, r"request 1: token id -1"),
+    ([1, 2], SamplingParams(max_tokens=511), r"request 1: .*= 513 exceeds max_model_len 512"),
+    ([1.5], None, r"request 1: a token-id prompt must be a list of ints"),
+])
+def test_bad_requests_are_rejected_before_any_work(llm, prompt, params, match):
+    steps = llm.scheduler.num_steps
+    with pytest.raises(ValueError, match=match):
+        llm.generate([[1, 2, 3], prompt], [GREEDY, params or GREEDY], use_tqdm=False)
+    assert llm.scheduler.num_steps == steps and not llm.scheduler.has_unfinished()
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == numpy_greedy([1, 2, 3], 12)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=-3), "max_tokens"),
+    (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(top_k=0), "top_k"), (dict(top_k=-2), "top_k"),
+])
+def test_bad_sampling_params(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_list_must_match(llm):
+    with pytest.raises(ValueError, match="one per prompt"):
+        llm.generate([[1], [2]], [GREEDY], use_tqdm=False)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_blocsk=3), "unknown keyword 'num_blocsk'"),
+    (dict(block_size="16"), r"kv_cache\.block_size must be an integer"),
+    (dict(path="/no/such/model.gguf"), "not found"),
+])
+def test_bad_engine_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(TINY, **kwargs)
+
+
+def test_failure_mid_batch_keeps_finished_results_and_engine_usable(llm, monkeypatch):
+    prompts = prompts_with_shared_prefix(5, seed=2)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (2, 30, 30, 30, 30)]
+    expected = llm.generate(prompts, params, use_tqdm=False)
+    llm.reset_scheduler()
+    real = llm.runner.execute
+    calls = {"n": 0}
+
+    def flaky(step):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise RuntimeError("device lost")
+        return real(step)
+
+    monkeypatch.setattr(llm.runner, "execute", flaky)
+    with pytest.raises(RuntimeError, match="device lost") as info:
+        llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in info.value.partial_outputs] == [expected[0].token_ids]
+    monkeypatch.setattr(llm.runner, "execute", real)
+    assert not llm.scheduler.has_unfinished()
+    assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == tokens_of(expected)
+
+
+def test_chat_and_stats(llm):
+    outs = llm.chat([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]],
+                    SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    assert len(outs) == 2 and all(len(o.token_ids) == 4 for o in outs)
+    with pytest.raises(ValueError, match="conversation 0"):
+        llm.chat([{"role": "user"}])
+    stats = llm.stats()
+    for key in ("kv_cache_usage", "prefix_cache_hit_rate", "num_preemptions", "contiguity",
+                "allocation_contiguity", "peak_running", "tokens_per_s"):
+        assert key in stats
+    assert 0 < stats["kv_cache_usage"] <= 1 and stats["tokens_per_s"] > 0
+
+
+def test_reset_scheduler_limits(llm):
+    with pytest.raises(ValueError, match="num_blocks must be an integer in"):
+        llm.reset_scheduler(num_blocks=10_000)
+    with pytest.raises(ValueError, match="reset_scheduler"):
+        llm.reset_scheduler(block_size=32)
