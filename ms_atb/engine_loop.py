@@ -32,7 +32,7 @@ class EngineLoop:
         self.start = self.end = time.perf_counter()
 
     def run(self, use_tqdm: bool = True) -> Iterator[tuple[int, RequestOutput]]:
-        from ms_atb.detokenizer import IncrementalDetokenizer
+        from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
         llm, sched = self.llm, self.llm.scheduler
         tok = llm.tokenizer
         eos = set(tok.stop_token_ids) if tok is not None else set()
@@ -75,7 +75,7 @@ class EngineLoop:
                 for b in rows:
                     t = self.tracked[step.request_ids[b]]
                     self.num_output_tokens += 1
-                    if self._append_text(t, sampled[b]):
+                    if self._append_text(t, sampled[b], find_stop):
                         if t.seq.is_finished:
                             t.seq.finish_reason = "stop"
                         else:
@@ -83,6 +83,8 @@ class EngineLoop:
                             finished.append(t.seq)
                 for seq in finished:
                     t = self.tracked.pop(seq.request_id)
+                    if t.detok is not None and not isinstance(t.stop_reason, str):
+                        t.text += t.detok.flush()     # an unfinished UTF-8 character, if any
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix_str(f"{self.num_output_tokens / (now - self.start):.1f} tok/s",
@@ -93,7 +95,7 @@ class EngineLoop:
             if bar is not None:
                 bar.close()
 
-    def _append_text(self, t: _Tracked, token: int) -> bool:
+    def _append_text(self, t: _Tracked, token: int, find_stop) -> bool:
         """Adds token's text; True if a stop string now ends the request."""
         seq = t.seq
         if t.detok is None:
@@ -105,12 +107,12 @@ class EngineLoop:
         if not new:
             return False
         t.text += new
-        for stop in t.request.params.stop or ():
-            at = t.text.find(stop, max(0, len(t.text) - len(new) - len(stop) + 1))
-            if at >= 0:
-                t.text = t.text[:at]
-                t.stop_reason = stop
-                return True
+        stops = t.request.params.stop
+        at = find_stop(t.text, stops, len(new)) if stops else -1
+        if at >= 0:
+            t.stop_reason = next(x for x in stops if t.text.startswith(x, at))
+            t.text = t.text[:at]
+            return True
         return False
 
     def _output(self, t: _Tracked) -> RequestOutput:

@@ -192,7 +192,7 @@ class Scheduler:
         step.token_ids.extend(seq.token_ids[start:end])
         step.positions.extend(range(start, end))
         step.slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-        step.block_tables.append(list(table))
+        step.block_tables.append(table)
         step.context_lens.append(end)
         step.query_start_loc.append(step.query_start_loc[-1] + num_new)
         step.sampled.append(end == seq.num_tokens)

@@ -1,0 +1,230 @@
+"""The vocabulary embedded in a GGUF file -> a `tokenizers` backend plus the byte table of every token.
+
+tokenizer.ggml.model "gpt2": byte-level BPE from tokens + merges, pre-tokenised as tokenizer.ggml.pre says.
+tokenizer.ggml.model "llama": sentencepiece-style BPE (merges ranked by the merged piece's score, "▁" for
+spaces, <0xXX> byte fallback).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import AddedToken, Regex
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+# llama.cpp token types
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre values whose pre-tokeniser splits every digit before the GPT-2 regex
+_DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable spelling of the 256 byte values."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@dataclass
+class GGUFVocab:
+    model: str                     # "gpt2" | "llama"
+    pre: str
+    tokens: list[str]
+    token_types: list[int]
+    scores: list[float] | None
+    merges: list[str] | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+    unk_token_id: int | None
+    add_bos_token: bool
+    add_space_prefix: bool
+    chat_template: str | None
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NP_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+             12: "<f8"}
+_STRING, _ARRAY = 8, 9
+
+
+def read_gguf_metadata(path: str) -> dict:
+    """The key/value metadata of a GGUF file (v2/v3, little-endian), without touching its tensors."""
+    import mmap
+    import struct
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported (allowed: 2, 3)")
+        pos = 24
+
+        def string():
+            nonlocal pos
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            pos += 8 + n
+            return bytes(buf[pos - n:pos]).decode("utf-8", errors="replace")
+
+        def value(kind):
+            nonlocal pos
+            if kind == _STRING:
+                return string()
+            if kind == _ARRAY:
+                sub, n = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                if sub in _NP_TYPES:
+                    arr = np.frombuffer(buf, dtype=_NP_TYPES[sub], count=n, offset=pos).copy()
+                    pos += arr.nbytes
+                    return arr.tolist()
+                return [value(sub) for _ in range(n)]
+            fmt = _SCALARS[kind]
+            (v,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        meta = {}
+        for _ in range(n_kv):
+            key = string()
+            (kind,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            meta[key] = value(kind)
+        return meta
+
+
+def read_gguf_vocab(path: str) -> GGUFVocab:
+    meta = read_gguf_metadata(path)
+    model = meta.get("tokenizer.ggml.model")
+    if model is None:
+        raise ValueError(f"{path}: the GGUF file has no embedded tokenizer (tokenizer.ggml.model)")
+    tokens = meta["tokenizer.ggml.tokens"]
+    types = meta.get("tokenizer.ggml.token_type") or [TYPE_NORMAL] * len(tokens)
+    return GGUFVocab(
+        model=model, pre=meta.get("tokenizer.ggml.pre", "default"), tokens=tokens,
+        token_types=[int(t) for t in types], scores=meta.get("tokenizer.ggml.scores"),
+        merges=meta.get("tokenizer.ggml.merges"), bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), unk_token_id=meta.get("tokenizer.ggml.unknown_token_id"),
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama")),
+        chat_template=meta.get("tokenizer.chat_template"),
+    )
+
+
+def _byte_level_pre_tokenizer(pre: str):
+    if pre == "llama-bpe" or pre.startswith("llama3"):
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre == "qwen2":
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre in _DIGIT_SPLIT_PRE:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def byte_level_token_bytes(tokens: list[str]) -> list[bytes]:
+    """Bytes of each byte-level token; a token spelled outside the byte alphabet is taken as UTF-8 text."""
+    inverse = {c: b for b, c in byte_to_unicode().items()}
+    out = []
+    for tok in tokens:
+        if all(c in inverse for c in tok):
+            out.append(bytes(inverse[c] for c in tok))
+        else:
+            out.append(tok.encode("utf-8"))
+    return out
+
+
+def spm_token_bytes(tokens: list[str], byte_ids: set[int]) -> list[bytes]:
+    out = []
+    for i, tok in enumerate(tokens):
+        if i in byte_ids:
+            out.append(bytes([int(tok[3:-1], 16)]))          # "<0xAB>"
+        else:
+            out.append(tok.replace("\u2581", " ").encode("utf-8"))
+    return out
+
+
+def _add_typed_tokens(backend: HFTokenizer, vocab: GGUFVocab) -> set[int]:
+    """Registers control tokens as special and user-defined ones as added tokens, so that encode matches them
+    whole in the text; returns the control ids. A token whose text is not its own vocabulary entry (a
+    byte-level entry spelled unlike its text) is left to the model."""
+    control = {i for i, kind in enumerate(vocab.token_types) if kind == TYPE_CONTROL}
+    special, added = [], []
+    for i, (tok, kind) in enumerate(zip(vocab.tokens, vocab.token_types)):
+        if kind in (TYPE_CONTROL, TYPE_USER_DEFINED) and backend.token_to_id(tok) == i:
+            (special if kind == TYPE_CONTROL else added).append(
+                AddedToken(tok, normalized=False, special=kind == TYPE_CONTROL))
+    if special:
+        backend.add_special_tokens(special)
+    if added:
+        backend.add_tokens(added)
+    return control
+
+
+def build_byte_level(vocab: GGUFVocab) -> tuple[HFTokenizer, list[bytes], set[int]]:
+    if vocab.merges is None:
+        raise ValueError("GGUF gpt2 tokenizer without tokenizer.ggml.merges is not supported")
+    token_bytes = byte_level_token_bytes(vocab.tokens)
+    spelling = byte_to_unicode()
+    # Tokens stored outside the byte alphabet are re-spelled so that merges can reach them.
+    spelled = ["".join(spelling[b] for b in tb) for tb in token_bytes]
+    ids = {tok: i for i, tok in enumerate(spelled)}
+    merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
+    bpe = models.BPE(ids, merges, fuse_unk=False, ignore_merges=vocab.pre == "llama-bpe")
+    backend = HFTokenizer(bpe)
+    backend.pre_tokenizer = _byte_level_pre_tokenizer(vocab.pre)
+    backend.decoder = decoders.ByteLevel()
+    special = _add_typed_tokens(backend, vocab)
+    return backend, token_bytes, special
+
+
+def _spm_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:
+    """Merges ranked like sentencepiece BPE: the pair whose merged piece scores highest goes first."""
+    ids = {tok: i for i, tok in enumerate(vocab.tokens)}
+    scores = vocab.scores or [-float(i) for i in range(len(vocab.tokens))]
+    ranked = []
+    for i, tok in enumerate(vocab.tokens):
+        if vocab.token_types[i] not in (TYPE_NORMAL, TYPE_USER_DEFINED) or len(tok) < 2:
+            continue
+        for k in range(1, len(tok)):
+            left, right = tok[:k], tok[k:]
+            if left in ids and right in ids:
+                ranked.append((-scores[i], ids[left], ids[right], left, right))
+    ranked.sort()
+    return [(r[3], r[4]) for r in ranked]
+
+
+def build_spm(vocab: GGUFVocab) -> tuple[HFTokenizer, list[bytes], set[int]]:
+    ids = {tok: i for i, tok in enumerate(vocab.tokens)}
+    unk = vocab.tokens[vocab.unk_token_id] if vocab.unk_token_id is not None else None
+    bpe = models.BPE(ids, _spm_merges(vocab), unk_token=unk, fuse_unk=True, byte_fallback=True)
+    backend = HFTokenizer(bpe)
+    # As sentencepiece and llama.cpp: every text segment (between special tokens) gets one "▁" in front,
+    # even one that already starts with a space; no splitting before the merges.
+    steps = [normalizers.Prepend("\u2581")] if vocab.add_space_prefix else []
+    backend.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "\u2581")])
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if vocab.add_space_prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(steps)
+    special = _add_typed_tokens(backend, vocab)
+    if vocab.unk_token_id is not None:
+        special.add(vocab.unk_token_id)
+    byte_ids = {i for i, t in enumerate(vocab.token_types) if t == TYPE_BYTE}
+    return backend, spm_token_bytes(vocab.tokens, byte_ids), special

@@ -1,0 +1,118 @@
+"""Sampler: logits -> one token id per request (greedy, temperature, top-k, top-p), seeded per request.
+
+Each sampled request takes exactly ONE uniform draw from its own generator, so its tokens depend
+only on its seed and its own logits, never on what else is in the batch. Ties are broken towards
+the lowest token id everywhere (greedy argmax, top-k boundary, nucleus order).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ms_atb.sampling_params import SamplingParams
+
+# Candidates tried before sorting the whole row when only top-p filters (the nucleus is usually small).
+_TOP_P_PROBE = 256
+# Block width of the two-level inverse-CDF search over a whole row.
+_BLOCK = 256
+
+
+def _top_candidates(logits: np.ndarray, m: int) -> np.ndarray:
+    """Ids of the m largest logits [V], ordered by (value desc, id asc); exact under ties."""
+    v = logits.shape[0]
+    if m >= v:
+        return np.argsort(-logits, kind="stable")
+    part = np.argpartition(-logits, m - 1)[:m]
+    boundary = logits[part].min()
+    if np.count_nonzero(logits >= boundary) > m:
+        cand = np.flatnonzero(logits >= boundary)    # every tie at the boundary, ids ascending
+    else:
+        cand = np.sort(part)
+    return cand[np.argsort(-logits[cand], kind="stable")][:m]
+
+
+def _nucleus_size(probs_sorted: np.ndarray, top_p: float) -> int:
+    """How many of the sorted probabilities the nucleus keeps: those whose preceding mass < top_p."""
+    probs_sorted = probs_sorted.astype(np.float64)
+    exclusive = np.cumsum(probs_sorted) - probs_sorted
+    return max(1, int(np.count_nonzero(exclusive < top_p)))
+
+
+def _draw(weights: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw of an index from unnormalised non-negative weights with uniform u in [0, 1)."""
+    cdf = np.cumsum(weights, dtype=np.float64)
+    idx = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    return min(idx, weights.shape[0] - 1)
+
+
+def _draw_rows(e: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """_draw for every row of e [P, V] at once: block sums, then one block's cumsum per row."""
+    p, v = e.shape
+    nb = -(-v // _BLOCK)
+    if nb * _BLOCK != v:
+        e = np.pad(e, ((0, 0), (0, nb * _BLOCK - v)))
+    blocks = e.reshape(p, nb, _BLOCK)                                      # [P, NB, BLOCK]
+    cum = np.cumsum(blocks.sum(axis=2, dtype=np.float64), axis=1)          # [P, NB]
+    target = u * cum[:, -1]                                                # [P]
+    blk = np.minimum(np.count_nonzero(cum <= target[:, None], axis=1), nb - 1)
+    out = np.empty(p, dtype=np.int64)
+    for r in range(p):
+        b = blk[r]
+        w = blocks[r, b]
+        rest = target[r] - (cum[r, b - 1] if b > 0 else 0.0)
+        i = int(np.searchsorted(np.cumsum(w, dtype=np.float64), rest, side="right"))
+        if i >= _BLOCK:                              # rounding at the very end of the block
+            i = int(np.flatnonzero(w)[-1])
+        out[r] = b * _BLOCK + i
+    return np.minimum(out, v - 1)
+
+
+def _sample_filtered(logits: np.ndarray, e: np.ndarray, top_k: int, top_p: float, u: float) -> int:
+    """logits [V] orders the tokens; e [V] = exp((logits - max) / temperature); top-k then top-p."""
+    v = logits.shape[0]
+    if top_k != -1:
+        ids = _top_candidates(logits, min(top_k, v))
+        probs = e[ids].astype(np.float64)
+        probs /= probs.sum()
+        if top_p < 1.0:
+            probs = probs[:_nucleus_size(probs, top_p)]
+        return int(ids[_draw(probs, u)])
+    total = e.sum(dtype=np.float64)
+    ids = _top_candidates(logits, min(_TOP_P_PROBE, v))
+    c = _nucleus_size(e[ids] / total, top_p)
+    if c == len(ids) and c < v:                      # the nucleus may reach past the probe
+        c = _nucleus_size(np.sort(e)[::-1] / total, top_p)
+        ids = _top_candidates(logits, c)
+    return int(ids[_draw(e[ids[:c]], u)])
+
+
+class Sampler:
+    def __init__(self):
+        self._default_rng = np.random.default_rng()
+
+    def sample(self, logits: np.ndarray, params: list[SamplingParams],
+               generators: list[np.random.Generator | None]) -> list[int]:
+        # logits: [B, V] float32
+        assert logits.ndim == 2 and logits.shape[0] == len(params) == len(generators), \
+            (logits.shape, len(params), len(generators))
+        b = logits.shape[0]
+        out = [0] * b
+        greedy = [i for i in range(b) if params[i].temperature == 0.0]
+        if greedy:
+            for i, t in zip(greedy, np.argmax(logits[greedy], axis=1)):   # argmax: first (lowest id) max
+                out[i] = int(t)
+        sampled = [i for i in range(b) if params[i].temperature != 0.0]
+        if not sampled:
+            return out
+        u = np.array([(generators[i] or self._default_rng).random() for i in sampled])   # [S]
+        rows = logits[sampled].astype(np.float32)                                        # [S, V]
+        temps = np.array([params[i].temperature for i in sampled], dtype=np.float32)    # [S]
+        e = np.exp((rows - rows.max(axis=1, keepdims=True)) / temps[:, None])            # [S, V]
+        plain = [j for j, i in enumerate(sampled) if params[i].top_k == -1 and params[i].top_p >= 1.0]
+        if plain:
+            for j, t in zip(plain, _draw_rows(e[plain], u[plain])):
+                out[sampled[j]] = int(t)
+        for j, i in enumerate(sampled):
+            p = params[i]
+            if p.top_k != -1 or p.top_p < 1.0:
+                out[i] = _sample_filtered(rows[j], e[j], p.top_k, p.top_p, float(u[j]))
+        return out

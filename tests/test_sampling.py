@@ -1,0 +1,153 @@
+import numpy as np
+import pytest
+
+from ms_atb.sampler import Sampler
+from ms_atb.sampling_params import SamplingParams
+
+
+# ---- SamplingParams ---------------------------------------------------------------------------
+
+def test_defaults_and_normalisation():
+    p = SamplingParams()
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.stop, p.stop_token_ids, p.ignore_eos) == \
+        (16, 1.0, -1, 1.0, None, None, None, False)
+    q = SamplingParams(temperature=0, top_p=1, stop="###", stop_token_ids=(3, 4))
+    assert q.greedy and isinstance(q.temperature, float) and q.stop == ["###"] and q.stop_token_ids == [3, 4]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("max_tokens", 0), ("max_tokens", -3), ("max_tokens", 2.0), ("max_tokens", True), ("max_tokens", None),
+    ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", "1"),
+    ("top_k", 0), ("top_k", -2), ("top_k", 1.5),
+    ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", float("nan")),
+    ("seed", 1.5), ("seed", "7"),
+    ("stop", ""), ("stop", ["ok", ""]), ("stop", [1]), ("stop", 5),
+    ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]), ("stop_token_ids", 3),
+    ("ignore_eos", 1), ("ignore_eos", "yes"),
+])
+def test_bad_value_names_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_from_dict():
+    p = SamplingParams.from_dict({"max_tokens": 5, "top_k": 3, "stop": ["x"]})
+    assert (p.max_tokens, p.top_k, p.stop) == (5, 3, ["x"])
+    with pytest.raises(ValueError, match="max_token"):
+        SamplingParams.from_dict({"max_token": 5})
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams.from_dict({"top_p": 0})
+
+
+# ---- Sampler ----------------------------------------------------------------------------------
+
+def _reference(logits_row, p, u):
+    """Plain full-sort reference with the same single uniform draw u."""
+    z = logits_row.astype(np.float64) / p.temperature
+    order = np.argsort(-z, kind="stable")
+    if p.top_k == -1 and p.top_p == 1.0:
+        order = np.arange(len(z))                        # unfiltered: drawn in id order
+    if p.top_k != -1:
+        order = order[:p.top_k]
+    probs = np.exp(z[order] - z.max())
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        keep = 1
+        while keep < len(probs) and probs[:keep].sum() < p.top_p:
+            keep += 1
+        order, probs = order[:keep], probs[:keep]
+    cdf = np.cumsum(probs)
+    return int(order[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(order) - 1)])
+
+
+def _gens(seeds):
+    return [np.random.default_rng(s) for s in seeds]
+
+
+def test_greedy_argmax_ties_lowest_id():
+    logits = np.array([[0.0, 3.0, 3.0, 1.0], [5.0, 5.0, 5.0, 5.0], [-1.0, -2.0, -0.5, -0.5]], np.float32)
+    out = Sampler().sample(logits, [SamplingParams(temperature=0)] * 3, [None] * 3)
+    assert out == [1, 0, 2]
+
+
+def test_top_k1_and_tiny_top_p_equal_greedy():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((16, 1000)).astype(np.float32)
+    logits[3, [7, 11]] = logits[3].max() + 1.0           # a tie at the top
+    greedy = Sampler().sample(logits, [SamplingParams(temperature=0)] * 16, [None] * 16)
+    assert greedy[3] == 7
+    for p in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=2.0, top_p=1e-9)):
+        assert Sampler().sample(logits, [p] * 16, _gens(range(16))) == greedy
+
+
+def test_matches_reference_exactly():
+    rng = np.random.default_rng(1)
+    v = 3000
+    cases = [SamplingParams(temperature=t, top_k=k, top_p=tp)
+             for t in (0.3, 1.0, 2.5) for k in (-1, 1, 5, 400) for tp in (0.05, 0.5, 0.9, 0.999, 1.0)]
+    logits = rng.standard_normal((len(cases), v)).astype(np.float32)
+    logits[::4] = np.round(logits[::4])                  # many ties, also at top-k boundaries
+    logits[1::7] *= 0.01                                 # flat rows: nuclei bigger than the probe
+    seeds = list(range(100, 100 + len(cases)))
+    out = Sampler().sample(logits, cases, _gens(seeds))
+    us = [np.random.default_rng(s).random() for s in seeds]
+    assert out == [_reference(logits[i], cases[i], us[i]) for i in range(len(cases))]
+
+
+def test_seed_reproducible_across_batch_compositions():
+    rng = np.random.default_rng(2)
+    v = 500
+    target = rng.standard_normal(v).astype(np.float32)
+    p = SamplingParams(temperature=0.9, top_p=0.95, seed=42)
+
+    def run(others):
+        # Each step: the target request's generator persists across steps, as in the engine.
+        gen = np.random.default_rng(p.seed)
+        toks = []
+        for step in range(20):
+            noise = rng.standard_normal((others, v)).astype(np.float32)
+            pos = step % (others + 1)
+            batch = np.insert(noise, pos, target + 0.01 * step, axis=0)
+            params = [SamplingParams(temperature=1.0, top_k=(3 if j % 2 else -1)) for j in range(others)]
+            params.insert(pos, p)
+            gens = [np.random.default_rng(1000 + j) for j in range(others)]
+            gens.insert(pos, gen)
+            toks.append(Sampler().sample(batch, params, gens)[pos])
+        return toks
+
+    alone = run(0)
+    assert run(3) == alone and run(8) == alone
+    assert len(set(alone)) > 1                           # it really samples
+
+
+def _chi_square(counts, probs):
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("params,support", [
+    (SamplingParams(temperature=0.7), 6),
+    (SamplingParams(temperature=1.3, top_k=3), 3),
+    (SamplingParams(temperature=1.0, top_p=0.8), None),
+])
+def test_distribution(params, support):
+    logits_row = np.array([2.0, 1.0, 0.5, 0.0, -0.5, -1.0], np.float32)
+    z = logits_row.astype(np.float64) / params.temperature
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if params.top_k != -1:
+        probs[params.top_k:] = 0.0
+        probs /= probs.sum()
+    if params.top_p < 1.0:
+        keep = np.count_nonzero(np.cumsum(probs) - probs < params.top_p)
+        probs[keep:] = 0.0
+        probs /= probs.sum()
+        support = keep
+    n = 6000
+    logits = np.tile(logits_row, (n, 1))
+    gens = [np.random.default_rng(s) for s in np.random.SeedSequence(7).spawn(n)]
+    out = np.array(Sampler().sample(logits, [params] * n, gens))
+    counts = np.bincount(out, minlength=6).astype(np.float64)
+    assert np.all(counts[support:] == 0)
+    # chi-square with support-1 dof; 99.9th percentile for <= 5 dof is < 21
+    assert _chi_square(counts[:support], probs[:support]) < 21.0
