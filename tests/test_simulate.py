@@ -1,0 +1,139 @@
+"""The capacity simulator: cost model arithmetic, KV sizes, and the scheduler-driven rows."""
+import importlib.util
+import math
+import pathlib
+
+import pytest
+
+from ms_atb.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, CostModel, Device, GiB, MiB,
+                               ModelShape)
+from ms_atb.scheduler import Scheduler
+from ms_atb.sequence import Sequence
+from ms_atb.simulator import (Workload, output_len_for_static_utilisation, simulate,
+                              ttft_one_by_one)
+
+TINY = ModelShape("tiny", vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=2,
+                  num_heads=2, num_kv_heads=1, head_dim=2, dtype_bytes=2)
+SLOW = Device("slow", peak_flops=1e3, mem_bandwidth=1e2, memory_bytes=1e9, efficiency=0.5,
+              step_overhead_s=0.01)
+# Small setting for the scheduler-driven tests: Llama2-7B on the Atlas card, 256-token contexts.
+SMALL = dict(num_blocks=8 * 16, block_size=16, max_model_len=256)   # 8 static slots
+ATLAS_7B = CostModel(LLAMA2_7B, ATLAS_800I_A2)
+
+
+def test_cost_model_hand_computed():
+    # layer params: 2 layers x (q,o: 4x4 x2 + k,v: 4x2 x2 + mlp 3x4x8) = 2 x (32 + 16 + 96) = 288
+    assert TINY.layer_params == 288 and TINY.lm_head_params == 40
+    assert TINY.kv_bytes_per_token == 2 * 2 * 1 * 2 * 2 == 16
+    # seq a: prefill of 3 tokens (context 3), seq b: one decode token at position 4 (context 5)
+    c = CostModel(TINY, SLOW).cost([3, 1], [3, 5], num_sampled=2)
+    pairs = (1 + 2 + 3) + 5
+    flops = 2 * 288 * 4 + 2 * 40 * 2 + 4 * 2 * 2 * 2 * pairs            # 2304 + 160 + 352
+    nbytes = (288 + 40) * 2 + 16 * (3 + 5) + 16 * 4                      # 656 + 128 + 64
+    assert (c.flops, c.bytes) == (flops, nbytes) == (2816, 848)
+    assert c.bound == "memory"
+    assert c.seconds == pytest.approx(848 / 1e2 / 0.5 + 0.01)           # 16.97 s
+    fast_memory = Device("f", 1e3, 1e6, 1e9, 1.0, 0.0)
+    c2 = CostModel(TINY, fast_memory).cost([3, 1], [3, 5], 2)
+    assert c2.bound == "compute" and c2.seconds == pytest.approx(2.816)
+
+
+def test_step_cost_matches_scheduler_step():
+    sched = Scheduler(num_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=64)
+    sched.add(Sequence("a", [1, 2, 3], 4, ignore_eos=True))
+    sched.add(Sequence("b", [4, 5, 6, 7, 8], 4, ignore_eos=True))
+    step = sched.schedule()
+    cm = CostModel(TINY, SLOW)
+    assert cm.step_cost(step) == cm.cost([3, 5], [3, 5], 2)
+
+
+def test_bad_device_is_value_error():
+    with pytest.raises(ValueError, match="efficiency"):
+        Device("x", 1e12, 1e12, 1e9, efficiency=0.0, step_overhead_s=0.0)
+
+
+def test_kv_arithmetic_7b_and_70b():
+    assert LLAMA2_7B.kv_bytes_per_token == 0.5 * MiB
+    assert 12 * 4096 * LLAMA2_7B.kv_bytes_per_token == 24 * GiB      # the article's static row
+    assert 32 * 4096 * LLAMA2_7B.kv_bytes_per_token == 64 * GiB      # the article's "64GB"
+    assert LLAMA2_7B.num_params == pytest.approx(6.74e9, rel=0.01)
+    assert LLAMA2_70B.kv_bytes_per_token == 320 * 1024
+    assert 32 * 4096 * LLAMA2_70B.kv_bytes_per_token == 40 * GiB
+    fp32 = ModelShape(**{**LLAMA2_70B.__dict__, "dtype_bytes": 4})
+    assert 32 * 4096 * fp32.kv_bytes_per_token == 80 * GiB           # the article's "80GB"
+    assert LLAMA2_70B.num_params * 2 == pytest.approx(138e9, rel=0.01)
+
+
+def test_workload_is_deterministic_and_shares_prefix():
+    w = Workload(20, prefix_len=40, shared_fraction=0.5, user_len=8, output_len=30, vocab_size=100)
+    a, b = w.requests(), w.requests()
+    assert a == b
+    prefixes = [tuple(p[:40]) for p, _ in a]
+    assert max(prefixes.count(x) for x in prefixes) == 10
+    for p, mt in a:
+        assert 41 <= len(p) <= 40 + 15 and 15 <= mt <= 45
+    with pytest.raises(ValueError, match="shared_fraction"):
+        Workload(4, 10, 1.5, 4, 8)
+
+
+def _small_requests(shared=1.0, n=48):
+    """A 40-token system prompt (2 whole blocks shareable), user messages of mean 24 tokens."""
+    out = output_len_for_static_utilisation(0.45, 256, 40, 24)
+    return Workload(n, 40, shared, 24, out, seed=1).requests(), out
+
+
+def test_static_utilisation_matches_the_derivation():
+    reqs, out = _small_requests()
+    assert out == round((0.45 * 256 - 64) / (13 / 24))
+    r = simulate(ATLAS_7B, reqs, "static", **SMALL)
+    assert r.saturated and r.peak_running == 8 and r.num_preemptions == 0
+    assert r.utilisation == pytest.approx(0.45, abs=0.04)
+
+
+def test_paged_holds_at_least_twice_static():
+    reqs, _ = _small_requests()
+    cm = ATLAS_7B
+    static = simulate(cm, reqs, "static", **SMALL)
+    paged = simulate(cm, reqs, "paged", **SMALL)
+    assert paged.saturated
+    assert paged.sustained_running >= 2 * static.sustained_running
+    assert paged.utilisation > 0.9 > static.utilisation
+    assert paged.output_tokens == static.output_tokens == sum(mt for _, mt in reqs)
+    assert paged.output_tokens_per_s > static.output_tokens_per_s
+
+
+def test_prefix_caching_computes_fewer_prefill_tokens_and_holds_more():
+    reqs, _ = _small_requests()
+    cm = ATLAS_7B
+    paged = simulate(cm, reqs, "paged", **SMALL)
+    prefix = simulate(cm, reqs, "prefix", **SMALL)
+    assert prefix.sustained_running > paged.sustained_running
+    # The shared blocks are computed once; paged (with recompute) computes every prompt in full.
+    prompt_tokens = sum(len(p) for p, _ in reqs)
+    assert paged.prompt_tokens_computed >= prompt_tokens
+    assert prefix.prompt_tokens_computed < paged.prompt_tokens_computed - 32 * len(reqs) // 2
+
+
+def test_ttft_one_by_one_skips_cached_prefix():
+    reqs = Workload(4, prefix_len=1000, shared_fraction=1.0, user_len=24, output_len=8).requests()
+    setting = dict(num_blocks=256, block_size=16, max_model_len=2048)
+    first, *later = ttft_one_by_one(ATLAS_7B, reqs, "prefix", **setting)
+    alone = ttft_one_by_one(ATLAS_7B, reqs, "paged", **setting)
+    # A ~1,024-token prefill is compute-bound (~90 ms); with 992 tokens cached, weight reads bound it.
+    assert first == alone[0] and 0.07 < first < 0.12
+    assert all(t < 0.25 * first for t in later) and all(a > 0.07 for a in alone[1:])
+
+
+def test_script_prints_rows_and_70b(capsys):
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "simulate.py"
+    spec = importlib.util.spec_from_file_location("simulate_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--requests", "24", "--prefix-len", "100", "--user-len", "16",
+                     "--output-len", "32", "--static-slots", "1", "--ttft-requests", "2"]) == 0
+    text = capsys.readouterr().out
+    for label in ("static pre-allocation", "paged KV cache", "paged + prefix caching", "article"):
+        assert label in text
+    assert "40.0 GiB" in text and "fp32 KV with 8 KV heads (80 GiB)" in text
+    assert math.isclose(float(text.split("KV budget from the article's static row: 1 requests x 4096 "
+                                         "tokens x 0.5 MiB = ")[1].split()[0]), 2.0)
