@@ -8,6 +8,7 @@ run loses nothing and duplicates nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     import yaml
+    from ms_atb.config import EngineConfig
     from ms_atb.llm import LLM
     from ms_atb.engine_summary import format_summary, summarize
 
@@ -110,18 +112,25 @@ def _main(args) -> int:
         if not eq:
             raise ValueError(f"--set expects KEY=VALUE, got {kv!r}")
         overrides[key.strip()] = yaml.safe_load(value)
-    llm = LLM(args.config, **overrides)
+    # Configuration and sampling fields are checked before the engine is built, prompts after.
+    cfg = EngineConfig.load(args.config, **overrides)
     defaults = {k: v for k, v in vars(args).items()
                 if k in ("max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos") and v is not None}
-    base = llm.default_sampling_params()
-    requests = []
-    for n, item in enumerate(items):         # every request is checked before any work starts
+    pending = []
+    for n, item in enumerate(items):
         if item["id"] in skip:
             continue
         where = f"{args.input}:{item.get('_line', n + 1)} (id {item['id']!r})"
         fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line")}
         try:
-            params = SamplingParams.from_dict({**vars(base), **defaults, **fields})
+            params = SamplingParams.from_dict({**dataclasses.asdict(cfg.sampling), **defaults, **fields})
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        pending.append((item, where, params))
+    llm = LLM(args.config, **overrides)
+    requests = []
+    for item, where, params in pending:
+        try:
             prompt, special = item.get("prompt"), True
             if "messages" in item:
                 prompt, special = llm.apply_chat_template(item["messages"]), False
@@ -132,8 +141,9 @@ def _main(args) -> int:
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
     rank0 = llm.rank == 0
-    print(f"[ms_atb] {len(requests)} requests to run ({len(skip)} already in {args.output}); "
-          f"engine built in {llm.build_seconds:.1f} s", file=sys.stderr) if rank0 else None
+    if rank0:
+        print(f"[ms_atb] {len(requests)} requests to run ({len(skip)} already in {args.output}); "
+              f"engine built in {llm.build_seconds:.1f} s", file=sys.stderr)
     outputs = []
     t0 = time.perf_counter()
     out = open(args.output, "a" if args.resume else "w", encoding="utf-8") if rank0 else None

@@ -1,6 +1,7 @@
 """LLM: the front door. Validates requests, runs the schedule -> model -> sample -> update loop."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Iterator, Sequence as Seq, Union
@@ -228,9 +229,7 @@ class LLM:
         self.scheduler = self.new_scheduler()
 
     def default_sampling_params(self) -> SamplingParams:
-        s = self.config.sampling
-        return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
-                              top_p=s.top_p, ignore_eos=s.ignore_eos)
+        return SamplingParams(**dataclasses.asdict(self.config.sampling))
 
     def _log(self, message: str) -> None:
         if self.rank == 0 and os.environ.get("MS_ATB_QUIET") != "1":

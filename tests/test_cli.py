@@ -1,0 +1,90 @@
+"""ms-atb-generate: input parsing, resume bookkeeping, and a run killed mid-way then resumed."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ms_atb.cli import done_ids, main, read_requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
+
+
+def test_read_requests_text_and_jsonl(tmp_path):
+    txt = tmp_path / "p.txt"
+    txt.write_text("hello\n\nworld\\nagain\n")
+    assert read_requests(str(txt)) == [{"id": "line-1", "prompt": "hello"},
+                                       {"id": "line-3", "prompt": "world\nagain"}]
+    js = tmp_path / "p.jsonl"
+    js.write_text('{"id": 7, "prompt": [1, 2], "max_tokens": 3}\n'
+                  '{"messages": [{"role": "user", "content": "hi"}]}\n')
+    items = read_requests(str(js))
+    assert items[0]["id"] == "7" and items[0]["max_tokens"] == 3
+    assert items[1]["id"] == "line-2" and "messages" in items[1]
+
+
+@pytest.mark.parametrize("content, match", [
+    ('{"prompt": "a"\n', r"p\.jsonl:1: not valid JSON"),
+    ('{"id": 1}\n', r"p\.jsonl:1: each line needs exactly one of 'prompt' or 'messages'"),
+    ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', r"id '1' appears more than once"),
+])
+def test_bad_input_files(tmp_path, content, match):
+    path = tmp_path / "p.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        read_requests(str(path))
+
+
+def test_done_ids_cuts_a_torn_last_line(tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n{"id": "c", "te')
+    assert done_ids(str(out)) == {"a", "b"}
+    assert out.read_text() == '{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n'
+
+
+def test_bad_request_is_reported_before_any_work(tmp_path, capsys):
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "ok", "prompt": [1, 2]}\n{"id": "bad", "prompt": [1], "temperature": -1}\n')
+    out = tmp_path / "o.jsonl"
+    code = main(["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress",
+                 "--set", "max_num_batched_tokens=8"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "p.jsonl:2 (id 'bad')" in err and "temperature" in err
+    assert not out.exists() or out.read_text() == ""
+
+
+def _cmd(inp, out, *extra):
+    return [sys.executable, "-m", "ms_atb.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
+            "--no-progress", "--max-tokens", "24", "--ignore-eos", "--set", "max_num_batched_tokens=16",
+            "--set", "max_num_seqs=2", *extra]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
+    inp = tmp_path / "prompts.txt"
+    inp.write_text("".join(f"prompt number {i}: tell me about item {i * 7}\n" for i in range(30)))
+    out = tmp_path / "out.jsonl"
+    env = dict(os.environ, MS_ATB_QUIET="1")
+    proc = subprocess.Popen(_cmd(inp, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if out.exists() and out.read_text().count("\n") >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = [json.loads(line)["id"] for line in out.read_text().splitlines() if line.endswith("}")]
+    assert 4 <= len(first) < 30
+    subprocess.run(_cmd(inp, out, "--resume"), env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=600)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = [r["id"] for r in rows]
+    assert sorted(ids) == sorted(f"line-{i}" for i in range(1, 31))      # every prompt exactly once
+    assert ids[:len(first)] == first
+    assert all(len(r["token_ids"]) == 24 and r["finish_reason"] == "length" for r in rows)
