@@ -1,0 +1,97 @@
+"""Compiles the C++ kernels of ops/ into one shared library, cached on disk.
+
+The cache key hashes the sources, the compiler (path and version), the flags and the CPU
+(-march=native code only runs where it was built). Compilation goes to a temporary file that
+is renamed into place, so processes racing on one cache (msrun ranks) never see half a file.
+"""
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+SOURCES = ("paged_attention.cc", "reshape_and_cache.cc")
+HEADERS = ("dtype.h", "thread_pool.h")
+FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-shared", "-O3", "-march=native",
+         "-fopenmp-simd", "-pthread")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MS_ATB_KERNEL_CACHE") or Path.home() / ".cache" / "ms_atb" / "kernels")
+
+
+def find_compiler() -> str:
+    name = os.environ.get("CXX", "g++")
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(
+            f"ms_atb.ops needs a C++17 compiler to build its CPU kernels, but {name!r} was not found on PATH: "
+            "install g++ (Debian/Ubuntu: apt-get install g++) or set CXX to a compiler")
+    return path
+
+
+def cpu_signature() -> str:
+    """The CPU model and feature flags, as far as the OS tells them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                model = next((x for x in Path("/proc/cpuinfo").read_text().splitlines()
+                              if x.startswith("model name")), "")
+                return f"{platform.machine()}|{model}|{line}"
+    except OSError:
+        pass
+    return f"{platform.machine()}|{platform.processor()}"
+
+
+def cache_key(compiler: str) -> str:
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes() + b"\0")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    for part in (compiler, version, " ".join(FLAGS), cpu_signature()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:24]
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_library() -> str:
+    """Path of the compiled kernel library, building it on first use."""
+    compiler = find_compiler()
+    target = cache_dir() / f"ms_atb_kernels_{cache_key(compiler)}.so"
+    if target.exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, "-o", tmp, *(str(SOURCE_DIR / s) for s in SOURCES)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling the ms_atb kernels failed:\n{' '.join(cmd)}\n{proc.stderr}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return str(target)
+
+
+def aot_op(func_name: str, input_names: tuple, out_dtype):
+    """A mindspore.ops.Custom aot op on the CPU for kernel `func_name` of the library.
+
+    Declared with reg_info and a C++ shape inference (`<func_name>InferShape`), the form under
+    which MindSpore accepts it in graphs with dynamic shapes as well as static ones.
+    """
+    from mindspore import ops
+    from mindspore.ops import CustomRegOp, DataType
+
+    reg = CustomRegOp(func_name)
+    for i, name in enumerate(input_names):
+        reg = reg.input(i, name)
+    reg = reg.output(0, "out").dtype_format(*([DataType.None_None] * (len(input_names) + 1)))
+    reg_info = reg.target("CPU").get_op_info()
+    return ops.Custom(f"{kernel_library()}:{func_name}", out_shape=None, out_dtype=out_dtype,
+                      func_type="aot", reg_info=reg_info)

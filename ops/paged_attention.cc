@@ -1,0 +1,308 @@
+// PagedAttention: causal attention of each sequence's queries over its paged K/V cache, decode
+// tokens and prefill chunks over cached prefixes alike, with GQA.
+//   query [T, H, D]; key_cache, value_cache [NB, BS, KVH, D]; block_tables [B, MAXB] int32;
+//   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32 -> out [T, H, D].
+// Sequence b owns query rows query_start_loc[b]:query_start_loc[b+1], the last tokens of its
+// context_lens[b] tokens. Rows owned by no sequence are zero.
+// Work item = (sequence, tile of up to kQueryTile queries, kv heads): all query heads of a kv head
+// and all queries of the tile share one pass over K/V, with an online softmax per block.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "dtype.h"
+#include "thread_pool.h"
+
+namespace {
+
+constexpr int64_t kQueryTile = 16;
+
+struct Item {
+  int64_t seq, kv_begin, kv_end, q_begin, q_end;  // q_* index into the sequence's queries
+  int64_t cost;
+};
+
+struct Args {
+  int64_t H, KVH, D, BS, MAXB;
+  const int32_t *block_tables, *context_lens, *query_start_loc;
+  float scale;
+};
+
+struct Scratch {
+  std::vector<float> q, acc, scores, m, l, k, v;
+  std::vector<int64_t> valid;
+};
+
+template <typename T>
+inline const float *Rows(const T *src, int64_t n, int64_t stride, int64_t D, std::vector<float> &buf, int64_t *out_stride) {
+  if (buf.size() < static_cast<size_t>(n * D)) buf.resize(n * D);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < D; ++d) buf[t * D + d] = ms_atb::ToFloat(src[t * stride + d]);
+  *out_stride = D;
+  return buf.data();
+}
+
+inline const float *Rows(const float *src, int64_t, int64_t stride, int64_t, std::vector<float> &, int64_t *out_stride) {
+  *out_stride = stride;
+  return src;
+}
+
+// exp(x) for x <= 0 (Cephes-style polynomial, ~1 ulp); plain arithmetic so that loops vectorise.
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
+// out[t] = dot(q, k[t * ks : t * ks + D]) for t < n.
+inline void DotRows(const float *q, const float *k, int64_t ks, int64_t n, int64_t D, float *out) {
+  int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 8 == 0) {
+    for (; t + 4 <= n; t += 4) {  // four tokens at once: independent FMA chains, one reduction
+      const float *k0 = k + t * ks, *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+      }
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+      _mm_storeu_ps(out + t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
+  }
+#endif
+  for (; t < n; ++t) {
+    const float *kt = k + t * ks;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * kt[d];
+    out[t] = dot;
+  }
+}
+
+// acc[:D] += sum over t < n of p[t] * v[t * vs : t * vs + D].
+inline void AccumulateRows(const float *p, const float *v, int64_t vs, int64_t n, int64_t D, float *acc) {
+  int64_t d = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; d + 32 <= D; d += 32) {  // 32 columns held in registers across the tokens
+    __m256 c0 = _mm256_loadu_ps(acc + d), c1 = _mm256_loadu_ps(acc + d + 8);
+    __m256 c2 = _mm256_loadu_ps(acc + d + 16), c3 = _mm256_loadu_ps(acc + d + 24);
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 pv = _mm256_set1_ps(p[t]);
+      const float *vt = v + t * vs + d;
+      c0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt), c0);
+      c1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + 8), c1);
+      c2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + 16), c2);
+      c3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + 24), c3);
+    }
+    _mm256_storeu_ps(acc + d, c0);
+    _mm256_storeu_ps(acc + d + 8, c1);
+    _mm256_storeu_ps(acc + d + 16, c2);
+    _mm256_storeu_ps(acc + d + 24, c3);
+  }
+#endif
+  for (int64_t t = 0; t < n; ++t) {
+    const float pt = p[t];
+    const float *vt = v + t * vs;
+#pragma omp simd
+    for (int64_t e = d; e < D; ++e) acc[e] += pt * vt[e];
+  }
+}
+
+// Rows are (kv head g, query i, head h of the group); each kv head's K/V rows of a block are
+// read once for all of its rows.
+template <typename T>
+void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, const T *value_cache, T *out,
+             Scratch &s) {
+  const int64_t G = a.H / a.KVH, D = a.D, BS = a.BS;
+  const int64_t nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
+  const int64_t RG = nq * G;  // rows per kv head
+  const int64_t R = ng * RG;
+  const int64_t ctx = a.context_lens[it.seq];
+  const int64_t seq_q = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
+  const int64_t first_pos = ctx - seq_q + it.q_begin;  // position of the tile's first query
+  const int64_t last_pos = first_pos + nq - 1;
+  const int64_t row0 = a.query_start_loc[it.seq] + it.q_begin;
+  const int64_t kv_stride = a.KVH * D;
+  s.q.resize(R * D);
+  s.acc.assign(R * D, 0.0f);
+  s.scores.resize(R * BS);
+  s.m.assign(R, -INFINITY);
+  s.l.assign(R, 0.0f);
+  s.valid.resize(RG);
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t h = 0; h < G; ++h) {
+        const T *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        float *dst = s.q.data() + ((g * nq + i) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::ToFloat(src[d]) * a.scale;
+      }
+  const int32_t *table = a.block_tables + it.seq * a.MAXB;
+  const int64_t nblocks = last_pos / BS + 1;
+  for (int64_t j = 0; j < nblocks; ++j) {
+    const int64_t base = j * BS;
+    const int64_t ntok = std::min(BS, last_pos + 1 - base);
+    for (int64_t r = 0; r < RG; ++r) s.valid[r] = std::min(ntok, first_pos + r / G - base + 1);
+    if (j + 1 < nblocks) {  // the next block is elsewhere in memory: start loading it now
+      const int64_t next = (static_cast<int64_t>(table[j + 1]) * BS * a.KVH + it.kv_begin) * D;
+      for (int64_t t = 0; t < BS; ++t)
+        for (int64_t e = 0; e < ng * D; e += 64 / static_cast<int64_t>(sizeof(T))) {
+          __builtin_prefetch(key_cache + next + t * kv_stride + e);
+          __builtin_prefetch(value_cache + next + t * kv_stride + e);
+        }
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t offset = (static_cast<int64_t>(table[j]) * BS * a.KVH + it.kv_begin + g) * D;
+      int64_t ks, vs;
+      const float *k = Rows(key_cache + offset, ntok, kv_stride, D, s.k, &ks);
+      const float *v = Rows(value_cache + offset, ntok, kv_stride, D, s.v, &vs);
+      for (int64_t rr = 0; rr < RG; ++rr) {
+        const int64_t cnt = s.valid[rr], r = g * RG + rr;
+        if (cnt <= 0) continue;
+        const float *q = s.q.data() + r * D;
+        float *sr = s.scores.data() + r * BS;
+        DotRows(q, k, ks, cnt, D, sr);
+        float mx = s.m[r];
+        for (int64_t t = 0; t < cnt; ++t) mx = std::max(mx, sr[t]);
+        float *acc = s.acc.data() + r * D;
+        if (mx > s.m[r]) {
+          const float alpha = ExpNonPositive(s.m[r] - mx);
+          s.l[r] *= alpha;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+          s.m[r] = mx;
+        }
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < cnt; ++t) {
+          sr[t] = ExpNonPositive(sr[t] - mx);
+          sum += sr[t];
+        }
+        s.l[r] += sum;
+        AccumulateRows(sr, v, vs, cnt, D, acc);
+      }
+    }
+  }
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t r = (g * nq + i) * G + h;
+        const float inv = 1.0f / s.l[r];
+        T *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::FromFloat<T>(s.acc[r * D + d] * inv);
+      }
+}
+
+template <typename T>
+void Run(const Args &a, const std::vector<Item> &items, const void *q, const void *kc, const void *vc, void *o) {
+  ms_atb::ThreadPool::Get().Run(static_cast<int64_t>(items.size()), [&](int64_t i) {
+    thread_local Scratch scratch;
+    RunItem<T>(items[i], a, static_cast<const T *>(q), static_cast<const T *>(kc), static_cast<const T *>(vc),
+               static_cast<T *>(o), scratch);
+  });
+}
+
+int Fail(const char *msg) {
+  std::fprintf(stderr, "ms_atb PagedAttention: %s\n", msg);
+  return 1;
+}
+
+}  // namespace
+
+extern "C" std::vector<int64_t> PagedAttentionInferShape(int *ndims, int64_t **shapes, void *extra) {
+  return {shapes[0][0], shapes[0][1], shapes[0][2]};
+}
+
+extern "C" int PagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                              void *stream, void *extra) {
+  if (nparam != 8) return Fail("expected 7 inputs and 1 output");
+  if (ndims[0] != 3 || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 2 || ndims[4] != 1 || ndims[5] != 1)
+    return Fail("expected query [T, H, D], caches [NB, BS, KVH, D], block_tables [B, MAXB], "
+                "context_lens [B], query_start_loc [B + 1]");
+  Args a;
+  const int64_t T = shapes[0][0];
+  a.H = shapes[0][1];
+  a.D = shapes[0][2];
+  const int64_t NB = shapes[1][0];
+  a.BS = shapes[1][1];
+  a.KVH = shapes[1][2];
+  const int64_t B = shapes[3][0];
+  a.MAXB = shapes[3][1];
+  for (int i = 0; i < 4; ++i)
+    if (shapes[1][i] != shapes[2][i]) return Fail("key_cache and value_cache must have the same shape");
+  if (shapes[1][3] != a.D) return Fail("cache head_dim differs from the query's");
+  if (a.KVH <= 0 || a.H % a.KVH != 0) return Fail("num_heads must be a multiple of num_kv_heads");
+  if (shapes[4][0] != B || shapes[5][0] != B + 1) return Fail("need context_lens [B] and query_start_loc [B + 1]");
+  ms_atb::DType dt = ms_atb::ParseDType(dtypes[0]);
+  for (int i = 1; i < 3; ++i)
+    if (ms_atb::ParseDType(dtypes[i]) != dt) return Fail("query and caches must share one dtype");
+  for (int i = 3; i < 6; ++i)
+    if (ms_atb::ParseDType(dtypes[i]) != ms_atb::DType::kInt32) return Fail("index inputs must be int32");
+  if (ms_atb::ParseDType(dtypes[6]) != ms_atb::DType::kFloat32 || shapes[6][0] != 1) return Fail("scale must be float32 [1]");
+  a.block_tables = static_cast<const int32_t *>(params[3]);
+  a.context_lens = static_cast<const int32_t *>(params[4]);
+  a.query_start_loc = static_cast<const int32_t *>(params[5]);
+  a.scale = *static_cast<const float *>(params[6]);
+
+  const int32_t *qsl = a.query_start_loc;
+  if (qsl[0] < 0 || qsl[B] > T) return Fail("query_start_loc out of [0, T]");
+  std::vector<Item> items;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t nq = qsl[b + 1] - qsl[b], ctx = a.context_lens[b];
+    if (nq < 0) return Fail("query_start_loc must be non-decreasing");
+    if (nq == 0) continue;
+    if (ctx < nq) return Fail("context_lens[b] must be >= the sequence's query count");
+    const int64_t nblocks = (ctx + a.BS - 1) / a.BS;
+    if (nblocks > a.MAXB) return Fail("context_lens[b] needs more blocks than block_tables has columns");
+    for (int64_t j = 0; j < nblocks; ++j) {
+      const int32_t blk = a.block_tables[b * a.MAXB + j];
+      if (blk < 0 || blk >= NB) return Fail("block_tables entry out of range");
+    }
+    for (int64_t q0 = 0; q0 < nq; q0 += kQueryTile) {
+      const int64_t q1 = std::min(nq, q0 + kQueryTile);
+      items.push_back({b, 0, a.KVH, q0, q1, (ctx - nq + q1) * (q1 - q0 + 1)});
+    }
+  }
+  // Few (sequence, tile) items: split them over kv heads too, so every thread has work.
+  if (static_cast<int64_t>(items.size()) < 4 * ms_atb::ThreadPool::Get().num_threads() && a.KVH > 1) {
+    std::vector<Item> split;
+    for (const Item &it : items)
+      for (int64_t g = 0; g < a.KVH; ++g) split.push_back({it.seq, g, g + 1, it.q_begin, it.q_end, it.cost});
+    items.swap(split);
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item &x, const Item &y) { return x.cost > y.cost; });
+
+  const size_t esize = dt == ms_atb::DType::kFloat32 ? 4 : 2;
+  char *out = static_cast<char *>(params[7]);
+  const size_t row = static_cast<size_t>(a.H * a.D) * esize;
+  std::memset(out, 0, qsl[0] * row);
+  std::memset(out + qsl[B] * row, 0, (T - qsl[B]) * row);
+  switch (dt) {
+    case ms_atb::DType::kFloat32: Run<float>(a, items, params[0], params[1], params[2], out); break;
+    case ms_atb::DType::kFloat16: Run<ms_atb::Half>(a, items, params[0], params[1], params[2], out); break;
+    case ms_atb::DType::kBFloat16: Run<ms_atb::BFloat16>(a, items, params[0], params[1], params[2], out); break;
+    default: return Fail("dtype must be float32, float16 or bfloat16");
+  }
+  return 0;
+}

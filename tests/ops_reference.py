@@ -1,0 +1,37 @@
+"""Plain numpy references of the ops in ms_atb.ops (float64 compute)."""
+import numpy as np
+
+
+def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping):
+    """key, value [T, KVH, D]; caches [NB, BS, KVH, D]; slot_mapping [T] -> updated copies of the caches."""
+    key_cache, value_cache = key_cache.copy(), value_cache.copy()
+    block_size = key_cache.shape[1]
+    for t, slot in enumerate(slot_mapping):
+        if slot < 0:
+            continue
+        key_cache[slot // block_size, slot % block_size] = key[t]
+        value_cache[slot // block_size, slot % block_size] = value[t]
+    return key_cache, value_cache
+
+
+def paged_attention_ref(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale):
+    """query [T, H, D] -> [T, H, D]: sequence b's queries are the last tokens of its context, causal, GQA."""
+    num_tokens, num_heads, _ = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = np.zeros(query.shape, np.float64)
+    for b in range(len(context_lens)):
+        start, end, ctx = int(query_start_loc[b]), int(query_start_loc[b + 1]), int(context_lens[b])
+        if end == start:
+            continue
+        blocks = block_tables[b][: (ctx + block_size - 1) // block_size]
+        keys = key_cache[blocks].reshape(-1, num_kv_heads, key_cache.shape[3])[:ctx].astype(np.float64)
+        values = value_cache[blocks].reshape(-1, num_kv_heads, value_cache.shape[3])[:ctx].astype(np.float64)
+        for i in range(end - start):
+            pos = ctx - (end - start) + i
+            for h in range(num_heads):
+                g = h // group
+                scores = keys[: pos + 1, g] @ query[start + i, h].astype(np.float64) * scale
+                p = np.exp(scores - scores.max())
+                out[start + i, h] = (p / p.sum()) @ values[: pos + 1, g]
+    return out
