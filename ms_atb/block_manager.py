@@ -1,0 +1,404 @@
+"""Paged KV blocks: reference counts, exact prefix caching, contiguous-first placement.
+
+Free blocks are of two kinds. Clean blocks (never cached, or evicted) live in maximal
+ranges of consecutive ids, indexed by start, end, size (sorted distinct sizes) and by
+address (a lazy min-heap of starts). Cached free blocks (committed, refcount 0) sit in an
+LRU queue; they are evicted into the clean ranges only when the clean blocks cannot cover
+an allocation, so the cache is never traded for contiguity.
+
+Placement (measured on scripts/bench_block_manager.py; see its notes):
+- a new prompt continues right after its cached prefix when that range has room, else
+  takes the best-fitting range (smallest that holds it) from its start, so the rest of
+  the range is its room to grow; only when no range fits does it scatter: the largest
+  range, then the lowest ranges (which are mostly holes of one or two blocks left by
+  finished requests' growth);
+  smallest ranges (lowest addresses) after one largest piece: a prompt that scatters anyway
+  sweeps up the small holes, which keeps the large ranges whole for the next prompts;
+- a growing request takes last + 1 when it is clean, else the start of the lowest range
+  that no live request grows into (its left neighbour is not a request's last block), else
+  the lowest clean block: growth that cannot stay in place packs the low end of the pool
+  without stealing a neighbour's room, so free space drifts upward and merges.
+Every call costs O(log n) in the number of free ranges (amortised); nothing scans the pool.
+"""
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left, insort
+from collections import OrderedDict, deque
+from heapq import heappop, heappush
+
+import xxhash
+
+_ALLOCATIONS = ("contiguous", "scattered")
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Not enough free blocks; the manager's state is unchanged."""
+
+
+def hash_block(parent: bytes | None, token_ids) -> bytes:
+    """Chained 128-bit hash of one full block: xxh3_128(parent hash + token ids)."""
+    data = struct.pack(f"<{len(token_ids)}q", *token_ids)
+    return xxhash.xxh3_128_digest((parent or b"") + data)
+
+
+class _Request:
+    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash")
+
+    def __init__(self, token_ids: list[int]):
+        self.block_ids: list[int] = []
+        self.token_ids = token_ids
+        self.num_hashed = 0          # leading full blocks already visited by commit / hits
+        self.last_hash: bytes | None = None
+
+
+class _SizeIndex:
+    """Range starts bucketed by a size key; keys kept sorted (few distinct sizes)."""
+
+    def __init__(self):
+        self.buckets: dict[int, dict[int, None]] = {}
+        self.keys: list[int] = []
+
+    def add(self, key: int, start: int) -> None:
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            self.buckets[key] = {start: None}
+            insort(self.keys, key)
+        else:
+            bucket[start] = None
+
+    def remove(self, key: int, start: int) -> None:
+        bucket = self.buckets[key]
+        del bucket[start]
+        if not bucket:
+            del self.buckets[key]
+            del self.keys[bisect_left(self.keys, key)]
+
+    def smallest_at_least(self, key: int) -> int | None:
+        i = bisect_left(self.keys, key)
+        return next(iter(self.buckets[self.keys[i]])) if i < len(self.keys) else None
+
+    def largest(self) -> tuple[int, int] | None:
+        if not self.keys:
+            return None
+        key = self.keys[-1]
+        return key, next(iter(self.buckets[key]))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16,
+                 enable_prefix_caching: bool = False, allocation: str = "contiguous"):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        if allocation not in _ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {_ALLOCATIONS}, got {allocation!r}")
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self._caching = bool(enable_prefix_caching)
+        self._contiguous = allocation == "contiguous"
+        self._ref_counts = [0] * num_blocks
+        self._block_hash: list[bytes | None] = [None] * num_blocks
+        self._block_tokens: list[tuple | None] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}               # hash -> block id
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached free blocks, oldest first
+        self._requests: dict[str, _Request] = {}
+        self._num_clean = num_blocks
+        # contiguous: clean ranges [start, end) and their indexes; scattered: a free list
+        self._starts: dict[int, int] = {}
+        self._ends: dict[int, int] = {}
+        self._by_size = _SizeIndex()
+        self._start_heap: list[int] = []                   # range starts, may hold stale ones
+        self._orphan_heap: list[int] = []                  # starts of ranges after no live tail (lazy)
+        self._tails: set[int] = set()                      # last block of every live request
+        self._free_list: deque[int] = deque()
+        if self._contiguous:
+            self._insert_range(0, num_blocks)
+        else:
+            self._free_list.extend(range(num_blocks))
+        self._counters = dict(prefix_cache_queries=0, prefix_cache_hits=0, evictions=0,
+                              multi_block_allocations=0, contiguous_allocations=0,
+                              follow_blocks=0, contiguous_follow_blocks=0)
+
+    # ---- public API -------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._num_clean + len(self._lru)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return len(self._lru)
+
+    def allocate(self, request_id: str, token_ids: list[int], max_tokens: int | None = None) -> int:
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} already holds blocks; free it first")
+        if len(token_ids) == 0:
+            raise ValueError(f"request {request_id!r}: token_ids must not be empty")
+        if max_tokens is not None and max_tokens < 0:
+            raise ValueError(f"request {request_id!r}: max_tokens must be >= 0, got {max_tokens}")
+        # max_tokens is validated but not used: every placement that reserved growth room from
+        # it scored worse on the benchmarks (see scripts/bench_block_manager.py)
+        bs = self._block_size
+        num_tokens = len(token_ids)
+        hits, hashes = self._find_hits(token_ids) if self._caching else ([], [])
+        num_new = -(-num_tokens // bs) - len(hits)
+        assert num_new >= 1  # the block holding the last prompt token is always private
+        revived = sum(1 for b in hits if self._ref_counts[b] == 0)
+        if num_new > self.num_free_blocks - revived:
+            raise NoFreeBlocksError(
+                f"request {request_id!r} needs {num_new} new blocks, "
+                f"{self.num_free_blocks - revived} free")
+        req = _Request(list(token_ids))
+        for b in hits:
+            if self._ref_counts[b] == 0:
+                del self._lru[b]
+            self._ref_counts[b] += 1
+        req.block_ids.extend(hits)
+        if hits:
+            req.num_hashed, req.last_hash = len(hits), hashes[len(hits) - 1]
+        self._evict_for(num_new)
+        new_ids = self._take_new(req, num_new)
+        if self._contiguous:
+            self._tails.add(req.block_ids[-1])
+        self._requests[request_id] = req
+        c = self._counters
+        if self._caching:
+            c["prefix_cache_queries"] += num_tokens
+            c["prefix_cache_hits"] += len(hits) * bs
+        if num_new >= 2:
+            c["multi_block_allocations"] += 1
+            if new_ids[-1] - new_ids[0] == num_new - 1 and _ascending_run(new_ids):
+                c["contiguous_allocations"] += 1
+        table = req.block_ids
+        c["follow_blocks"] += len(table) - 1
+        c["contiguous_follow_blocks"] += sum(1 for i in range(1, len(table))
+                                             if table[i] == table[i - 1] + 1)
+        return len(hits) * bs
+
+    def append_token(self, request_id: str, token_id: int) -> None:
+        try:
+            req = self._requests[request_id]
+        except KeyError:
+            raise ValueError(f"unknown request {request_id!r}") from None
+        tokens = req.token_ids
+        if len(tokens) % self._block_size:
+            tokens.append(token_id)
+            return
+        self._grow(request_id, req)
+        tokens.append(token_id)
+
+    def commit(self, request_id: str, num_tokens: int) -> None:
+        req = self._get(request_id)
+        if not 0 <= num_tokens <= len(req.token_ids):
+            raise ValueError(f"request {request_id!r}: num_tokens must be in "
+                             f"[0, {len(req.token_ids)}], got {num_tokens}")
+        if not self._caching:
+            return
+        bs = self._block_size
+        for i in range(req.num_hashed, num_tokens // bs):
+            chunk = req.token_ids[i * bs:(i + 1) * bs]
+            h = hash_block(req.last_hash, chunk)
+            block = req.block_ids[i]
+            if h not in self._cached and self._block_hash[block] is None:
+                self._cached[h] = block
+                self._block_hash[block] = h
+                self._block_tokens[block] = tuple(chunk)
+            req.last_hash = h
+            req.num_hashed = i + 1
+
+    def free(self, request_id: str) -> None:
+        req = self._get(request_id)
+        del self._requests[request_id]
+        table = req.block_ids
+        self._untail(table[-1])
+        clean = []
+        for b in reversed(table):  # tail first: within a request, tail blocks are evicted first
+            self._ref_counts[b] -= 1
+            if self._ref_counts[b] == 0:
+                if self._block_hash[b] is not None:
+                    self._lru[b] = None
+                else:
+                    clean.append(b)
+        self._release_clean(clean)
+
+    def block_table(self, request_id: str) -> list[int]:
+        return list(self._get(request_id).block_ids)
+
+    def stats(self) -> dict:
+        c = self._counters
+        multi, follow = c["multi_block_allocations"], c["follow_blocks"]
+        return {
+            "usage": (self._num_blocks - self.num_free_blocks) / self._num_blocks,
+            "prefix_cache_queries": c["prefix_cache_queries"],
+            "prefix_cache_hits": c["prefix_cache_hits"],
+            "evictions": c["evictions"],
+            "allocation_contiguity": c["contiguous_allocations"] / multi if multi else 1.0,
+            "contiguity": c["contiguous_follow_blocks"] / follow if follow else 1.0,
+            "num_requests": len(self._requests),
+            "num_free_blocks": self.num_free_blocks,
+            "num_cached_free_blocks": len(self._lru),
+        }
+
+    # ---- prefix cache -------------------------------------------------------------
+    def _get(self, request_id: str) -> _Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise ValueError(f"unknown request {request_id!r}") from None
+
+    def _find_hits(self, token_ids) -> tuple[list[int], list[bytes]]:
+        bs = self._block_size
+        hits, hashes, parent = [], [], None
+        for i in range((len(token_ids) - 1) // bs):  # leave >= 1 token to compute
+            chunk = token_ids[i * bs:(i + 1) * bs]
+            parent = hash_block(parent, chunk)
+            block = self._cached.get(parent)
+            if block is None or self._block_tokens[block] != tuple(chunk):
+                break
+            hits.append(block)
+            hashes.append(parent)
+        return hits, hashes
+
+    def _evict_for(self, num_new: int) -> None:
+        for _ in range(num_new - self._num_clean):
+            block, _ = self._lru.popitem(last=False)
+            del self._cached[self._block_hash[block]]
+            self._block_hash[block] = None
+            self._block_tokens[block] = None
+            self._counters["evictions"] += 1
+            self._release_clean([block])
+
+    # ---- placement ----------------------------------------------------------------
+    def _take_new(self, req: _Request, num_new: int) -> list[int]:
+        if not self._contiguous:
+            new_ids = [self._free_list.popleft() for _ in range(num_new)]
+            self._num_clean -= num_new
+        else:
+            new_ids = self._take_new_contiguous(req.block_ids, num_new)
+        for b in new_ids:
+            assert self._ref_counts[b] == 0
+            self._ref_counts[b] = 1
+        req.block_ids.extend(new_ids)
+        return new_ids
+
+    def _take_new_contiguous(self, table: list[int], num_new: int) -> list[int]:
+        start = table[-1] + 1 if table else -1
+        if not (start in self._starts and self._starts[start] - start >= num_new):
+            start = self._by_size.smallest_at_least(num_new)  # best fit
+        if start is not None:
+            self._carve(start, start, start + num_new)
+            return list(range(start, start + num_new))
+        new_ids = []
+        while len(new_ids) < num_new:  # no range fits: the largest range, then the lowest ones
+            if new_ids:
+                s = self._lowest_start()
+                size = self._starts[s] - s
+            else:
+                size, s = self._by_size.largest()
+            n = min(size, num_new - len(new_ids))
+            new_ids.extend(range(s, s + n))
+            self._carve(s, s, s + n)
+        return new_ids
+
+    def _grow(self, request_id: str, req: _Request) -> None:
+        if self.num_free_blocks == 0:
+            raise NoFreeBlocksError(f"request {request_id!r} needs a block, none free")
+        self._evict_for(1)
+        table = req.block_ids
+        last = table[-1]
+        if not self._contiguous:
+            block = self._free_list.popleft()
+            self._num_clean -= 1
+        else:
+            block = last + 1
+            if block not in self._starts:
+                block = self._lowest_orphan_start()
+                if block is None:
+                    block = self._lowest_start()
+            self._carve(block, block, block + 1)
+            self._untail(last)
+            self._tails.add(block)
+        assert self._ref_counts[block] == 0
+        self._ref_counts[block] = 1
+        table.append(block)
+        c = self._counters
+        c["follow_blocks"] += 1
+        c["contiguous_follow_blocks"] += block == last + 1
+
+    def _lowest_start(self) -> int:
+        heap, starts = self._start_heap, self._starts
+        while heap[0] not in starts:
+            heappop(heap)
+        return heap[0]
+
+    def _lowest_orphan_start(self) -> int | None:
+        heap, starts, tails = self._orphan_heap, self._starts, self._tails
+        while heap and (heap[0] not in starts or heap[0] - 1 in tails):
+            heappop(heap)
+        return heap[0] if heap else None
+
+    def _untail(self, block: int) -> None:
+        """block stops being a live request's last block: the range after it is nobody's room."""
+        if self._contiguous:
+            self._tails.discard(block)
+            if block + 1 in self._starts:
+                heappush(self._orphan_heap, block + 1)
+
+    # ---- free ranges ----------------------------------------------------------------
+    def _insert_range(self, start: int, end: int) -> None:
+        self._starts[start] = end
+        self._ends[end] = start
+        self._by_size.add(end - start, start)
+        heap = self._start_heap
+        heappush(heap, start)
+        if len(heap) > 2 * len(self._starts) + 64:  # drop stale starts; amortised O(1)
+            self._start_heap = sorted(self._starts)
+        if start - 1 not in self._tails:
+            heap = self._orphan_heap
+            heappush(heap, start)
+            if len(heap) > 2 * len(self._starts) + 64:
+                self._orphan_heap = sorted(s for s in self._starts if s - 1 not in self._tails)
+
+    def _remove_range(self, start: int) -> int:
+        end = self._starts.pop(start)
+        del self._ends[end]
+        self._by_size.remove(end - start, start)
+        return end
+
+    def _carve(self, start: int, lo: int, hi: int) -> None:
+        """Take the clean blocks [lo, hi) out of the range that begins at start."""
+        end = self._remove_range(start)
+        assert start <= lo < hi <= end
+        if start < lo:
+            self._insert_range(start, lo)
+        if hi < end:
+            self._insert_range(hi, end)
+        self._num_clean -= hi - lo
+
+    def _release_clean(self, blocks: list[int]) -> None:
+        """Return refcount-0 uncached blocks to the clean pool."""
+        self._num_clean += len(blocks)
+        if not self._contiguous:
+            self._free_list.extend(blocks)
+            return
+        for b in blocks:
+            start, end = b, b + 1
+            if start in self._ends:
+                start = self._ends[start]
+                self._remove_range(start)
+            if end in self._starts:
+                end = self._remove_range(end)
+            self._insert_range(start, end)
+
+
+def _ascending_run(ids: list[int]) -> bool:
+    return all(ids[i] == ids[i - 1] + 1 for i in range(1, len(ids)))

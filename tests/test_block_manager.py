@@ -1,0 +1,283 @@
+import sys
+
+import pytest
+
+from ms_atb.block_manager import BlockManager, NoFreeBlocksError
+
+
+def toks(start, n):
+    return list(range(start, start + n))
+
+
+def snapshot(bm, rids):
+    return ({r: bm.block_table(r) for r in rids}, bm.num_free_blocks, bm.num_cached_free_blocks, bm.stats())
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_blocks=0), dict(num_blocks=4, block_size=0),
+                                    dict(num_blocks=4, allocation="static")])
+def test_bad_construction_is_value_error(kwargs):
+    with pytest.raises(ValueError):
+        BlockManager(**kwargs)
+
+
+def test_user_errors_are_value_errors():
+    bm = BlockManager(8, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 5))
+    with pytest.raises(ValueError, match="already"):
+        bm.allocate("a", toks(0, 5))
+    with pytest.raises(ValueError, match="empty"):
+        bm.allocate("b", [])
+    with pytest.raises(ValueError, match="max_tokens"):
+        bm.allocate("b", [1], max_tokens=-1)
+    with pytest.raises(ValueError, match="num_tokens"):
+        bm.commit("a", 6)
+    for call in (lambda: bm.append_token("x", 1), lambda: bm.free("x"), lambda: bm.block_table("x"),
+                 lambda: bm.commit("x", 0)):
+        with pytest.raises(ValueError, match="unknown request"):
+            call()
+
+
+def test_exact_ids_on_fresh_pool():
+    bm = BlockManager(16, 4)
+    assert bm.allocate("a", toks(0, 10), max_tokens=8) == 0
+    assert bm.block_table("a") == [0, 1, 2]
+    assert bm.allocate("b", toks(100, 5)) == 0
+    assert bm.block_table("b") == [3, 4]
+    assert bm.num_free_blocks == 11 and bm.num_blocks == 16
+    for t in range(2):                      # a's last block has room for 2 more tokens
+        bm.append_token("a", t)
+    assert bm.block_table("a") == [0, 1, 2]
+    bm.append_token("a", 9)                 # 3 is held by b: the lowest clean block
+    assert bm.block_table("a") == [0, 1, 2, 5]
+    for t in range(4):
+        bm.append_token("b", t)             # b's next block 5 is a's now: the lowest clean is 6
+    assert bm.block_table("b") == [3, 4, 6]
+    bm.append_token("a", 1)
+    assert bm.block_table("a") == [0, 1, 2, 5]
+    assert bm.stats()["usage"] == 7 / 16
+
+
+def test_growth_in_place_and_best_fit():
+    bm = BlockManager(32, 4)
+    bm.allocate("a", toks(0, 8))            # [0, 1]
+    bm.allocate("b", toks(0, 16))           # [2..5]
+    bm.allocate("c", toks(0, 8))            # [6, 7]
+    bm.free("b")                            # hole [2, 6) of 4; tail range [8, 32)
+    bm.allocate("d", toks(0, 12))           # best fit: the 4-hole, from its start
+    assert bm.block_table("d") == [2, 3, 4]
+    for t in range(5):
+        bm.append_token("d", t)             # grows in place into 5, then hops to the lowest clean block
+    assert bm.block_table("d") == [2, 3, 4, 5, 8]
+    s = bm.stats()
+    assert s["allocation_contiguity"] == 1.0
+    assert s["contiguity"] == pytest.approx((1 + 3 + 1 + 2 + 1) / (1 + 3 + 1 + 2 + 2))
+
+
+def test_sharing_after_commit_drops_free_count_by_private_blocks_only():
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    prefix = toks(0, 8)
+    bm.allocate("a", prefix + [50, 51])
+    bm.commit("a", 10)
+    free_before = bm.num_free_blocks
+    assert bm.allocate("b", prefix + [60, 61, 62]) == 8
+    assert bm.block_table("b")[:2] == bm.block_table("a")[:2]
+    assert bm.block_table("b")[2] != bm.block_table("a")[2]
+    assert bm.num_free_blocks == free_before - 1
+    s = bm.stats()
+    assert (s["prefix_cache_queries"], s["prefix_cache_hits"]) == (10 + 11, 8)
+
+
+def test_no_sharing_before_commit():
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 10))
+    bm.commit("a", 7)                       # only block 0 is committed
+    assert bm.allocate("b", toks(0, 10)) == 4
+    assert bm.allocate("c", toks(0, 10)) == 4
+    assert len(set(bm.block_table("b")[1:]) & set(bm.block_table("a"))) == 0
+
+
+def test_caching_disabled_shares_nothing():
+    bm = BlockManager(16, 4)
+    bm.allocate("a", toks(0, 10))
+    bm.commit("a", 10)
+    assert bm.allocate("b", toks(0, 10)) == 0
+    assert bm.stats()["prefix_cache_queries"] == 0
+
+
+def test_commit_in_same_step_makes_blocks_shareable():
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 9))
+    bm.commit("a", 9)                       # scheduled now: K/V written before attention reads
+    assert bm.allocate("b", toks(0, 9)) == 8
+
+
+def test_hit_after_free_takes_cached_blocks_out_of_free_pool():
+    bm = BlockManager(8, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 10))
+    bm.commit("a", 10)
+    table_a = bm.block_table("a")
+    bm.free("a")
+    assert bm.num_free_blocks == 8 and bm.num_cached_free_blocks == 2
+    assert bm.stats()["usage"] == 0.0
+    assert bm.allocate("b", toks(0, 10)) == 8
+    assert bm.block_table("b")[:2] == table_a[:2]
+    assert bm.num_cached_free_blocks == 0 and bm.num_free_blocks == 5
+
+
+def test_never_cached_blocks_used_before_eviction_then_lru_tail_first():
+    bm = BlockManager(6, 2, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 4))            # [0, 1]
+    bm.allocate("b", toks(100, 4))          # [2, 3]
+    bm.commit("a", 4)
+    bm.commit("b", 4)
+    bm.free("a")                            # freed first: evicted first, tail (1) before head (0)
+    bm.free("b")
+    assert bm.num_cached_free_blocks == 4
+    bm.allocate("c", toks(200, 4))          # the 2 never-cached blocks, no eviction
+    assert bm.block_table("c") == [4, 5] and bm.stats()["evictions"] == 0
+    bm.allocate("d", toks(300, 1))
+    assert bm.block_table("d") == [1] and bm.stats()["evictions"] == 1
+    bm.allocate("e", toks(400, 1))
+    assert bm.block_table("e") == [0]
+    assert bm.allocate("g", toks(100, 3)) == 2  # b's head is still cached; b's tail is evicted
+    assert bm.block_table("g") == [2, 3]
+    assert bm.stats()["evictions"] == 3 and bm.num_free_blocks == 0
+
+
+def test_atomic_failure_of_allocate_and_append():
+    bm = BlockManager(5, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 8))
+    bm.commit("a", 8)
+    bm.free("a")                            # blocks 0, 1 cached free; 2..4 clean
+    bm.allocate("b", toks(50, 8))           # [2, 3]
+    before = snapshot(bm, ["b"])
+    with pytest.raises(NoFreeBlocksError):
+        bm.allocate("c", toks(0, 17))       # would hit 0, 1 and need 3 new: 1 left
+    assert snapshot(bm, ["b"]) == before    # stats counters included
+    assert bm.allocate("c", toks(0, 12)) == 8
+    assert bm.block_table("c") == [0, 1, 4] and bm.num_free_blocks == 0
+    before = snapshot(bm, ["b", "c"])
+    for _ in range(3):
+        with pytest.raises(NoFreeBlocksError):
+            bm.append_token("b", 1)         # b's last block is full
+    assert snapshot(bm, ["b", "c"]) == before
+    bm.free("c")
+    bm.append_token("b", 1)
+    assert bm.block_table("b") == [2, 3, 4]
+
+
+def test_changed_token_in_block_k_misses_from_k_on():
+    bm = BlockManager(32, 4, enable_prefix_caching=True)
+    base = toks(0, 17)
+    bm.allocate("a", base)
+    bm.commit("a", 17)
+    for k in range(4):
+        changed = list(base)
+        changed[4 * k + 2] = 999
+        assert bm.allocate(f"b{k}", changed) == 4 * k
+        assert bm.block_table(f"b{k}")[:k] == bm.block_table("a")[:k]
+        assert not set(bm.block_table(f"b{k}")[k:]) & set(bm.block_table("a"))
+
+
+def test_partial_blocks_never_shared():
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 6))
+    bm.commit("a", 6)
+    for t in range(2):
+        bm.append_token("a", 6 + t)         # a's 2nd block fills only now; committed 6 tokens
+    assert bm.allocate("b", toks(0, 8) + [99]) == 4
+    assert bm.block_table("b")[1] != bm.block_table("a")[1]
+
+
+def test_whole_prompt_hit_leaves_one_token():
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 8))
+    bm.commit("a", 8)
+    assert bm.allocate("b", toks(0, 8)) == 4    # the last block is private: b computes token 7
+    assert bm.block_table("b")[0] == bm.block_table("a")[0]
+    assert bm.block_table("b")[1] != bm.block_table("a")[1]
+    assert bm.allocate("c", toks(0, 9)) == 8
+
+
+def test_duplicate_content_is_cached_once():
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 5))
+    bm.allocate("b", toks(0, 5))            # same content, neither committed yet
+    bm.commit("a", 5)
+    bm.commit("b", 5)
+    bm.free("b")                            # b's copy was not cached: goes back clean
+    assert bm.num_cached_free_blocks == 0
+    assert bm.allocate("c", toks(0, 5)) == 4
+    assert bm.block_table("c")[0] == bm.block_table("a")[0]
+
+
+def test_contiguity_on_fragmented_pool():
+    bm = BlockManager(20, 4)
+    for i in range(5):
+        bm.allocate(f"r{i}", toks(0, 16))   # r_i holds [4i, 4i+4)
+    bm.free("r1")
+    bm.free("r3")                           # holes of 4 at 4 and 12
+    bm.allocate("x", toks(0, 12))           # fits a hole: one run
+    assert bm.block_table("x") == [4, 5, 6]
+    bm.allocate("y", toks(0, 20))           # 5 blocks, largest range is 4: scatters
+    assert sorted(bm.block_table("y")) == [7, 12, 13, 14, 15]
+    assert bm.block_table("y") == [12, 13, 14, 15, 7]
+    s = bm.stats()
+    assert s["allocation_contiguity"] == pytest.approx(6 / 7)
+    assert s["contiguity"] == pytest.approx((5 * 3 + 2 + 3) / (5 * 3 + 2 + 4))
+    assert BlockManager(4, 4).stats()["contiguity"] == 1.0
+
+
+def test_scattered_is_a_plain_free_list():
+    bm = BlockManager(8, 4, allocation="scattered")
+    bm.allocate("a", toks(0, 8))
+    bm.allocate("b", toks(0, 8))
+    bm.free("a")
+    bm.allocate("c", toks(0, 20))
+    assert bm.block_table("c") == [4, 5, 6, 7, 1]
+    assert bm.block_table("b") == [2, 3]
+
+
+def _line_events(num_blocks):
+    bm = BlockManager(num_blocks, 4, enable_prefix_caching=True)
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        for i in range(20):
+            bm.allocate(f"r{i}", toks(i * 100, 30), max_tokens=10)
+            bm.commit(f"r{i}", 30)
+            for t in range(10):
+                bm.append_token(f"r{i}", t)
+            if i % 2:
+                bm.free(f"r{i - 1}")
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_no_per_call_work_proportional_to_pool():
+    assert _line_events(100_000) == _line_events(1_000)
+
+
+def test_contiguous_beats_scattered_on_fragmented_pool():
+    def run(allocation):
+        bm = BlockManager(32, 4, allocation=allocation)
+        for i in range(8):
+            bm.allocate(f"r{i}", toks(0, 16))   # r_i holds 4 blocks
+        for i in range(0, 8, 2):
+            bm.free(f"r{i}")                    # four holes of 4 blocks
+        for i in range(4):
+            bm.allocate(f"n{i}", toks(0, 13))   # 4 blocks each
+        return bm.stats()
+    c, s = run("contiguous"), run("scattered")
+    assert c["allocation_contiguity"] == 1.0
+    assert s["allocation_contiguity"] < 1.0
+    assert c["contiguity"] > s["contiguity"]
+

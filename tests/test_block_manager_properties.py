@@ -1,0 +1,120 @@
+"""Hypothesis state machine over random allocate / append / commit / free sequences."""
+from collections import Counter
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from ms_atb.block_manager import BlockManager, NoFreeBlocksError, hash_block
+
+BS = 4
+NUM_BLOCKS = 12
+# few distinct token values and prefixes so that prompts often share blocks
+prompts = st.lists(st.integers(0, 2), min_size=1, max_size=6).map(
+    lambda xs: [t for x in xs for t in ([x] * BS if x else [7, x])])
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.bm = None
+        self.tokens = {}       # rid -> all token ids
+        self.committed = {}    # rid -> committed token count
+        self.committed_prefixes = set()  # full-block prefixes ever committed
+        self.next_id = 0
+
+    @rule(allocation=st.sampled_from(["contiguous", "scattered"]))
+    @precondition(lambda self: self.bm is None)
+    def create(self, allocation):
+        self.bm = BlockManager(NUM_BLOCKS, BS, enable_prefix_caching=True, allocation=allocation)
+
+    @rule(prompt=prompts, max_tokens=st.none() | st.integers(0, 20))
+    @precondition(lambda self: self.bm is not None)
+    def allocate(self, prompt, max_tokens):
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        before = (self.bm.num_free_blocks, self.bm.stats())
+        try:
+            cached = self.bm.allocate(rid, prompt, max_tokens)
+        except NoFreeBlocksError:
+            assert (self.bm.num_free_blocks, self.bm.stats()) == before
+            return
+        assert cached % BS == 0 and cached < len(prompt)
+        for n in range(BS, cached + 1, BS):
+            assert tuple(prompt[:n]) in self.committed_prefixes  # never an uncommitted hit
+        self.tokens[rid] = list(prompt)
+        self.committed[rid] = 0
+
+    def _some(self, data):
+        return data.draw(st.sampled_from(sorted(self.tokens)))
+
+    @rule(data=st.data(), token=st.integers(0, 2))
+    @precondition(lambda self: self.tokens)
+    def append(self, data, token):
+        rid = self._some(data)
+        table = self.bm.block_table(rid)
+        free = self.bm.num_free_blocks
+        try:
+            self.bm.append_token(rid, token)
+        except NoFreeBlocksError:
+            assert self.bm.block_table(rid) == table and self.bm.num_free_blocks == free
+            return
+        self.tokens[rid].append(token)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.tokens)
+    def commit(self, data):
+        rid = self._some(data)
+        toks = self.tokens[rid]
+        n = data.draw(st.integers(0, len(toks)))
+        self.bm.commit(rid, n)
+        self.committed[rid] = max(self.committed[rid], n)
+        for k in range(BS, n + 1, BS):
+            self.committed_prefixes.add(tuple(toks[:k]))
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.tokens)
+    def free(self, data):
+        rid = self._some(data)
+        self.bm.free(rid)
+        del self.tokens[rid], self.committed[rid]
+
+    @invariant()
+    def consistent(self):
+        bm = self.bm
+        if bm is None:
+            return
+        holders = Counter(b for rid in self.tokens for b in bm.block_table(rid))
+        for rid, toks in self.tokens.items():
+            assert len(bm.block_table(rid)) == -(-len(toks) // BS)
+        free = set(bm._lru)
+        if bm._contiguous:
+            for s, e in bm._starts.items():
+                free.update(range(s, e))
+        else:
+            free.update(bm._free_list)
+        assert bm.num_free_blocks == len(free)                # no id listed twice
+        assert not free & set(holders)                        # never both free and held
+        assert len(free) + len(holders) == NUM_BLOCKS         # nothing lost
+        for b in range(NUM_BLOCKS):
+            assert bm._ref_counts[b] == holders.get(b, 0)
+        for h, b in bm._cached.items():                       # cached tokens match their hash
+            assert bm._block_hash[b] == h
+        for rid, toks in self.tokens.items():
+            parent = None
+            for i, b in enumerate(bm.block_table(rid)[: len(toks) // BS]):
+                parent = hash_block(parent, toks[i * BS:(i + 1) * BS])
+                if bm._block_hash[b] is not None:
+                    assert bm._block_hash[b] == parent
+                    assert list(bm._block_tokens[b]) == toks[i * BS:(i + 1) * BS]
+
+    def teardown(self):
+        if self.bm is None:
+            return
+        for rid in list(self.tokens):
+            self.bm.free(rid)
+        assert self.bm.num_free_blocks == NUM_BLOCKS and self.bm.stats()["usage"] == 0.0
+        assert all(r == 0 for r in self.bm._ref_counts)
+
+
+BlockManagerMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestBlockManagerMachine = BlockManagerMachine.TestCase
