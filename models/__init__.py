@@ -1,0 +1,1 @@
+"""Model cells (compute graph) in MindSpore graph mode. Never imports engine types."""

@@ -1,0 +1,285 @@
+"""Llama for causal LM as MindSpore graph-mode Cells, attending over a paged KV cache."""
+import math
+from dataclasses import dataclass, field, fields
+
+import mindspore as ms
+from mindspore.common.initializer import initializer
+import numpy as np
+from mindspore import nn, ops
+
+from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
+                                    num_kv_heads_per_rank, validate_tp)
+from ms_atb.ops import PagedAttention, ReshapeAndCache
+
+_ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    rope_interleaved: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list | None = None
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in _ROPE_KINDS:
+                raise ValueError(f"rope_scaling type {kind!r} not supported; allowed: {_ROPE_KINDS}")
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "LlamaConfig":
+        """From an HF config.json dict; unknown keys are kept in `extra`."""
+        names = {f.name for f in fields(cls)} - {"extra"}
+        kwargs = {k: d[k] for k in names if k in d}
+        kwargs.setdefault("num_key_value_heads", d["num_attention_heads"])
+        if kwargs.get("head_dim") is None:
+            kwargs["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
+        return cls(**kwargs, extra={k: v for k, v in d.items() if k not in names})
+
+
+def rope_inv_freq(config: LlamaConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [head_dim/2] (float64) and the cos/sin scale, per config.rope_scaling."""
+    dim, base = config.head_dim, config.rope_theta
+    inv_freq = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    rs = config.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    factor = float(rs.get("factor", 1.0))
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        old = rs.get("original_max_position_embeddings", 8192)
+        low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        wavelen = 2 * math.pi / inv_freq
+        smooth = np.clip((old / wavelen - low) / (high - low), 0.0, 1.0)
+        scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return np.where(wavelen > old / low, inv_freq / factor,
+                        np.where(wavelen < old / high, inv_freq, scaled)), 1.0
+    if kind == "yarn":
+        old = rs.get("original_max_position_embeddings", config.max_position_embeddings)
+        fast, slow = rs.get("beta_fast", 32), rs.get("beta_slow", 1)
+        mscale = rs.get("attention_factor") or 0.1 * math.log(factor) + 1.0
+
+        def corr(rot):
+            return dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
+        lo, hi = max(math.floor(corr(fast)), 0), min(math.ceil(corr(slow)), dim - 1)
+        ramp = np.clip((np.arange(dim // 2) - lo) / ((hi - lo) or 0.001), 0.0, 1.0)
+        extrapolation = 1.0 - ramp
+        return inv_freq / factor * ramp + inv_freq * extrapolation, mscale
+    # "dynamic" (NTK) changes nothing below max_position_embeddings, the table's length.
+    return inv_freq, 1.0
+
+
+def rope_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """cos [P, D], signed sin [P, D], perm [D]: rope(x) = x * cos + x[..., perm] * sin."""
+    inv_freq, scale = rope_inv_freq(config)
+    d = config.head_dim
+    angles = np.outer(np.arange(config.max_position_embeddings, dtype=np.float64), inv_freq)  # [P, D/2]
+    cos, sin = np.cos(angles) * scale, np.sin(angles) * scale
+    if config.rope_interleaved:  # pairs (2i, 2i+1)
+        perm = np.arange(d).reshape(-1, 2)[:, ::-1].reshape(-1)
+        cos_full = np.repeat(cos, 2, axis=1)
+        sin_full = np.stack([-sin, sin], axis=-1).reshape(len(sin), d)
+    else:  # halves (i, i + D/2)
+        perm = np.concatenate([np.arange(d // 2, d), np.arange(d // 2)])
+        cos_full = np.concatenate([cos, cos], axis=1)
+        sin_full = np.concatenate([-sin, sin], axis=1)
+    return cos_full.astype(np.float32), sin_full.astype(np.float32), perm.astype(np.int32)
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, size: int, eps: float, dtype):
+        super().__init__()
+        self.weight = ms.Parameter(ms.Tensor(np.ones(size), dtype), name="weight")  # [size]
+        self.eps = eps
+
+    def construct(self, x):  # [T, size]
+        x32 = x.astype(ms.float32)
+        var = ops.mean(x32 * x32, -1, keep_dims=True)
+        return (x32 * ops.rsqrt(var + self.eps)).astype(x.dtype) * self.weight
+
+
+class LlamaAttention(nn.Cell):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank):
+        super().__init__()
+        d = config.head_dim
+        self.num_heads = num_heads_per_rank(config, tp_size)
+        self.num_kv_heads = num_kv_heads_per_rank(config, tp_size)
+        self.head_dim = d
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
+                                             tp_size, tp_rank, dtype)
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype)
+        self.reshape_and_cache = ReshapeAndCache(device=device)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device)
+
+    def rope(self, x, cos, sin, perm):  # x [T, N, D]; cos, sin [T, 1, D]
+        return x * cos + ops.gather(x, perm, 2) * sin
+
+    def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
+                  context_lens, query_start_loc):
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, q + 2 kv]
+        q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
+        q = self.rope(q.reshape(t, self.num_heads, self.head_dim), cos, sin, perm)  # [T, H, D]
+        k = self.rope(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin, perm)  # [T, KVH, D]
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        written = self.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
+        q = ops.depend(q, written)
+        o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc)  # [T, H, D]
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Cell):
+    def __init__(self, config: LlamaConfig, dtype, tp_size, tp_rank):
+        super().__init__()
+        self.inter = config.intermediate_size // tp_size
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (self.inter, self.inter),
+                                                 tp_size, tp_rank, dtype)
+        self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype)
+
+    def construct(self, x):  # [T, hidden]
+        gate, up = ops.split(self.gate_up_proj(x), (self.inter, self.inter), -1)  # [T, I/tp] each
+        return self.down_proj(ops.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Cell):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = LlamaMLP(config, dtype, tp_size, tp_rank)
+
+    def construct(self, h, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
+                  context_lens, query_start_loc):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, perm, key_cache, value_cache,
+                               slot_mapping, block_tables, context_lens, query_start_loc)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Cell):
+    """construct(input_ids [T], positions [T], slot_mapping [T], block_tables [B, MAXB], context_lens [B],
+    query_start_loc [B+1]) -> logits [B, vocab] of each sequence's last scheduled token."""
+
+    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
+                 device: str = "cpu", tp_size: int = 1, tp_rank: int = 0):
+        super().__init__()
+        validate_tp(config, tp_size)
+        self.config, self.dtype = config, dtype
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        h, v = config.hidden_size, config.vocab_size
+        self.embed_tokens = ms.Parameter(initializer("zeros", (v, h), dtype),
+                                         name="embed_tokens")  # [V, hidden]
+        self.layers = nn.CellList([LlamaDecoderLayer(config, dtype, device, tp_size, tp_rank)
+                                   for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(h, config.rms_norm_eps, dtype)
+        # Tied or not, lm_head is its own [hidden, V] copy: x @ W in [in, out] is the fast CPU layout.
+        self.lm_head = ms.Parameter(initializer("zeros", (h, v), dtype),
+                                    name="lm_head")  # [hidden, V]
+        cos, sin, perm = rope_tables(config)
+        self.cos = ms.Parameter(ms.Tensor(cos, dtype), name="rope_cos", requires_grad=False)  # [P, D]
+        self.sin = ms.Parameter(ms.Tensor(sin, dtype), name="rope_sin", requires_grad=False)  # [P, D]
+        self.perm = ms.Tensor(perm)  # [D]
+        kvh = num_kv_heads_per_rank(config, tp_size)
+        shape = (num_blocks, block_size, kvh, config.head_dim)
+        self.key_caches = ms.ParameterTuple(
+            ms.Parameter(ms.Tensor(np.zeros(shape, np.float32), dtype), name=f"key_cache.{i}",
+                         requires_grad=False) for i in range(config.num_hidden_layers))
+        self.value_caches = ms.ParameterTuple(
+            ms.Parameter(ms.Tensor(np.zeros(shape, np.float32), dtype), name=f"value_cache.{i}",
+                         requires_grad=False) for i in range(config.num_hidden_layers))
+
+    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        h = ops.gather(self.embed_tokens, input_ids, 0)  # [T, hidden]
+        t = h.shape[0]
+        cos = ops.gather(self.cos, positions, 0).reshape(t, 1, -1)  # [T, 1, D]
+        sin = ops.gather(self.sin, positions, 0).reshape(t, 1, -1)  # [T, 1, D]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
+                      block_tables, context_lens, query_start_loc)
+        last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
+        h = self.norm(ops.gather(h, last, 0))  # [B, hidden]
+        return ops.matmul(h, self.lm_head).astype(ms.float32)  # [B, V]
+
+    def _weight_targets(self) -> dict:
+        """HF name -> (Parameter, column offset in it or None for the whole, HF-layout shape [out, in])."""
+        c, h = self.config, self.config.hidden_size
+        targets = {"model.embed_tokens.weight": (self.embed_tokens, None, (c.vocab_size, h)),
+                   "model.norm.weight": (self.norm.weight, None, (h,))}
+        if not c.tie_word_embeddings:
+            targets["lm_head.weight"] = (self.lm_head, 0, (c.vocab_size, h))
+        for i, layer in enumerate(self.layers):
+            p, attn, mlp = f"model.layers.{i}.", layer.self_attn, layer.mlp
+            q, kv, inter = attn.q_size, attn.kv_size, mlp.inter
+            targets.update({
+                p + "input_layernorm.weight": (layer.input_layernorm.weight, None, (h,)),
+                p + "post_attention_layernorm.weight": (layer.post_attention_layernorm.weight, None, (h,)),
+                p + "self_attn.q_proj.weight": (attn.qkv_proj.weight, 0, (q, h)),
+                p + "self_attn.k_proj.weight": (attn.qkv_proj.weight, q, (kv, h)),
+                p + "self_attn.v_proj.weight": (attn.qkv_proj.weight, q + kv, (kv, h)),
+                p + "self_attn.o_proj.weight": (attn.o_proj.weight, 0, (h, q)),
+                p + "mlp.gate_proj.weight": (mlp.gate_up_proj.weight, 0, (inter, h)),
+                p + "mlp.up_proj.weight": (mlp.gate_up_proj.weight, inter, (inter, h)),
+                p + "mlp.down_proj.weight": (mlp.down_proj.weight, 0, (h, inter))})
+        return targets
+
+    def load_weights(self, weights) -> None:
+        """Fill the Parameters from (HF name, HF-layout array already sliced for this rank) pairs, one by one.
+        Linear weights [out, in] are stored transposed, [in, out]; a tied embedding also fills lm_head."""
+        targets = self._weight_targets()
+        pending = {}  # id(Parameter) -> (buffer [in, out], parts left)
+        parts = {}
+        for name, (param, offset, _) in targets.items():
+            if offset is not None:
+                parts[id(param)] = parts.get(id(param), 0) + 1
+        seen = set()
+        for name, array in weights:
+            if name not in targets:
+                if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                    continue  # some tied checkpoints store the copy too
+                raise ValueError(f"unexpected tensor {name!r} with shape {tuple(np.shape(array))}")
+            if name in seen:
+                raise ValueError(f"tensor {name!r} given twice")
+            param, offset, shape = targets[name]
+            if tuple(array.shape) != shape:
+                raise ValueError(f"tensor {name!r}: expected shape {shape}, found {tuple(array.shape)}")
+            seen.add(name)
+            if offset is None:
+                param.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
+                if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
+                    self.lm_head.set_data(ms.Tensor(np.ascontiguousarray(array.T, np.float32), self.dtype))
+                continue
+            buf, left = pending.get(id(param)) or (np.empty(param.shape, np.float32), parts[id(param)])
+            buf[:, offset:offset + shape[0]] = array.T
+            if left == 1:
+                param.set_data(ms.Tensor(buf, self.dtype))
+                pending.pop(id(param), None)
+            else:
+                pending[id(param)] = (buf, left - 1)
+        missing = [n for n in targets if n not in seen]
+        if missing:
+            raise ValueError(f"missing tensor {missing[0]!r} (expected shape {targets[missing[0]][2]})"
+                             + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))

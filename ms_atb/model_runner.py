@@ -1,0 +1,137 @@
+"""ModelRunner: turns a scheduler step into padded static-shape tensors, runs the model graph, returns logits.
+
+Graph strategy: static shapes in a small set of buckets. The token count T is padded up to a bucket
+(powers of two up to max_num_batched_tokens); the batch is padded to min(token bucket, max_num_seqs), so
+there is one graph per token bucket; block tables are padded to a fixed width ceil(max_model_len /
+block_size). Padded tokens get slot -1 (no cache write), padded sequences context_len 0 and an empty query
+range (no attention). Dynamic shapes were measured slower on this CPU (see scripts/bench_model.py).
+"""
+import math
+import time
+
+import mindspore as ms
+import numpy as np
+
+from ms_atb.models import loader
+from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
+from ms_atb.models.parallel import num_kv_heads_per_rank, validate_tp
+
+_DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
+           "bfloat16": ms.bfloat16, "bf16": ms.bfloat16}
+_DEVICES = {"cpu": "CPU", "npu": "Ascend", "ascend": "Ascend"}
+
+
+def _ms_dtype(dtype):
+    if isinstance(dtype, str):
+        if dtype.lower() not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} not supported; allowed: {sorted(_DTYPES)}")
+        return _DTYPES[dtype.lower()]
+    if dtype in (ms.float32, ms.float16, ms.bfloat16):
+        return dtype
+    if dtype in (np.float32, np.float16):
+        return ms.float32 if dtype == np.float32 else ms.float16
+    raise ValueError(f"dtype {dtype!r} not supported; allowed: {sorted(_DTYPES)}")
+
+
+def kv_cache_bytes_per_block(config: LlamaConfig, block_size: int, dtype, tp_size: int = 1) -> int:
+    """Bytes of K and V cache of one block over all layers on one rank."""
+    itemsize = 2 if _ms_dtype(dtype) in (ms.float16, ms.bfloat16) else 4
+    kvh = num_kv_heads_per_rank(config, tp_size)
+    return 2 * config.num_hidden_layers * block_size * kvh * config.head_dim * itemsize
+
+
+def token_buckets(max_num_batched_tokens: int) -> list[int]:
+    """Powers of two below max_num_batched_tokens, then max_num_batched_tokens itself."""
+    buckets, b = [], 1
+    while b < max_num_batched_tokens:
+        buckets.append(b)
+        b *= 2
+    return buckets + [max_num_batched_tokens]
+
+
+class ModelRunner:
+    def __init__(self, model_path, dtype, num_blocks: int, block_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int, device: str = "cpu",
+                 tp_size: int = 1, tp_rank: int = 0):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
+                            ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if device not in _DEVICES:
+            raise ValueError(f"device {device!r} not supported; allowed: {sorted(_DEVICES)}")
+        self.model_config = loader.load_config(model_path)
+        validate_tp(self.model_config, tp_size)
+        if max_model_len > self.model_config.max_position_embeddings:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
+                             f"{self.model_config.max_position_embeddings}")
+        self.dtype = _ms_dtype(dtype)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_blocks_per_seq = math.ceil(max_model_len / block_size)
+        self.buckets = token_buckets(max_num_batched_tokens)
+        ms.set_context(mode=ms.GRAPH_MODE)
+        if ms.get_context("device_target") != _DEVICES[device]:
+            ms.set_device(_DEVICES[device])  # only possible before MindSpore's runtime starts
+        self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
+                                      tp_size, tp_rank)
+        self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
+                                                    dtype=np.float32))
+        self.compiled = set()
+        self.warmup_stats = None
+
+    def _bucket(self, num_tokens: int) -> int:
+        for b in self.buckets:
+            if b >= num_tokens:
+                return b
+        raise ValueError(f"step has {num_tokens} tokens, above max_num_batched_tokens "
+                         f"{self.max_num_batched_tokens}")
+
+    def prepare(self, step) -> tuple[list, int]:
+        """The six padded int32 input arrays of a step, and its number of sequences."""
+        num_seqs, num_tokens = len(step.request_ids), len(step.token_ids)
+        if num_seqs > self.max_num_seqs:
+            raise ValueError(f"step has {num_seqs} sequences, above max_num_seqs {self.max_num_seqs}")
+        if not (len(step.positions) == len(step.slot_mapping) == num_tokens):
+            raise ValueError("token_ids, positions and slot_mapping must have one entry per token")
+        if not (len(step.block_tables) == len(step.context_lens) == num_seqs == len(step.query_start_loc) - 1):
+            raise ValueError("block_tables and context_lens need B entries and query_start_loc B+1")
+        t = self._bucket(num_tokens)
+        b = min(t, self.max_num_seqs)
+        ids = np.zeros(t, np.int32)
+        positions = np.zeros(t, np.int32)
+        slots = np.full(t, -1, np.int32)
+        ids[:num_tokens], positions[:num_tokens], slots[:num_tokens] = (
+            step.token_ids, step.positions, step.slot_mapping)
+        tables = np.zeros((b, self.max_blocks_per_seq), np.int32)
+        for i, table in enumerate(step.block_tables):
+            if len(table) > self.max_blocks_per_seq:
+                raise ValueError(f"block table {i} has {len(table)} blocks, above "
+                                 f"max_model_len / block_size = {self.max_blocks_per_seq}")
+            tables[i, :len(table)] = table
+        context_lens = np.zeros(b, np.int32)
+        context_lens[:num_seqs] = step.context_lens
+        qsl = np.full(b + 1, num_tokens, np.int32)
+        qsl[:num_seqs + 1] = step.query_start_loc
+        return [ids, positions, slots, tables, context_lens, qsl], num_seqs
+
+    def execute(self, step) -> np.ndarray:
+        """Logits [B, vocab] float32 of each sequence's last scheduled token."""
+        arrays, num_seqs = self.prepare(step)
+        logits = self.model(*[ms.Tensor(a) for a in arrays])  # [B_bucket, V]
+        self.compiled.add(len(arrays[0]))
+        return logits.asnumpy()[:num_seqs]
+
+    def warmup(self) -> dict:
+        """Compile the graph of every token bucket with an all-padding step (no cache write)."""
+        start = time.perf_counter()
+        for t in self.buckets:
+            b = min(t, self.max_num_seqs)
+            arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
+                      np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
+                      np.zeros(b + 1, np.int32)]
+            self.model(*[ms.Tensor(a) for a in arrays]).asnumpy()
+            self.compiled.add(t)
+        self.warmup_stats = {"graphs": len(self.buckets), "seconds": time.perf_counter() - start}
+        return self.warmup_stats

@@ -1,0 +1,67 @@
+"""The front door on the embedded default (SmolLM2-135M-Instruct GGUF): greedy continuations equal HF
+transformers' (checked-in ids from scripts/make_hf_reference.py), the chat answers, and the results
+do not depend on prefix caching, preemption or batch composition."""
+import json
+import os
+
+import pytest
+
+from ms_atb import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE = os.path.join(ROOT, "tests", "data", "smollm2_reference.json")
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), max_num_batched_tokens=128,
+               max_num_seqs=8, max_model_len=512, num_blocks=160)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with open(REFERENCE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_batched_greedy_matches_hf(llm, reference):
+    cases = reference["prompts"]
+    params = SamplingParams(max_tokens=reference["num_new_tokens"], temperature=0.0)   # HF stops at EOS too
+    outs = llm.generate([c["prompt_ids"] for c in cases], params, use_tqdm=False)
+    for case, out in zip(cases, outs):
+        assert out.token_ids == case["greedy_ids"], case["name"]
+
+
+def test_tokenizer_matches_hf_on_the_reference_prompts(llm, reference):
+    tok = llm.get_tokenizer()
+    for case in reference["prompts"]:
+        if case.get("text") is not None and not case.get("messages"):
+            assert tok.encode(case["text"]) == case["prompt_ids"], case["name"]
+
+
+def test_chat_says_paris(llm):
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_tokens=24, temperature=0.0))[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop" and out.token_ids[-1] in llm.get_tokenizer().stop_token_ids
+    assert "<|im_end|>" not in out.text
+
+
+def test_prefix_caching_and_preemption_do_not_change_tokens(llm):
+    system = ("You are a meticulous assistant for a library. Always answer briefly, cite the shelf "
+              "number when you know it, and never invent titles. ") * 3
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+             for q in ("Where are the atlases?", "Do you have poetry?", "When do you close?",
+                       "Can I print here?", "Is there a quiet room?")]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    llm.reset_scheduler(enable_prefix_caching=True, num_blocks=160)
+    cached = llm.chat(chats, params, use_tqdm=False)
+    assert all(o.num_cached_tokens >= 64 for o in cached[1:])
+    llm.reset_scheduler(enable_prefix_caching=False)
+    plain = llm.chat(chats, params, use_tqdm=False)
+    llm.reset_scheduler(enable_prefix_caching=True, num_blocks=24)
+    tight = llm.chat(chats, params, use_tqdm=False)
+    assert llm.stats()["num_preemptions"] > 0
+    llm.reset_scheduler(num_blocks=160)
+    assert [o.token_ids for o in cached] == [o.token_ids for o in plain] == [o.token_ids for o in tight]

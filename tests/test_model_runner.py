@@ -1,0 +1,89 @@
+"""ModelRunner on random:tiny-llama with hand-built steps."""
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import numpy_llama as nl
+from ms_atb.model_runner import ModelRunner, kv_cache_bytes_per_block, token_buckets
+from ms_atb.models import loader
+
+BS = 16
+
+
+def make_step(seqs):
+    """seqs: list of (request id, block table, context_len, new tokens)."""
+    step = SimpleNamespace(request_ids=[], token_ids=[], positions=[], slot_mapping=[], block_tables=[],
+                           context_lens=[], query_start_loc=[0])
+    for rid, table, ctx, toks in seqs:
+        step.request_ids.append(rid)
+        step.token_ids += toks
+        step.positions += list(range(ctx - len(toks), ctx))
+        step.slot_mapping += [table[p // BS] * BS + p % BS for p in range(ctx - len(toks), ctx)]
+        step.block_tables.append(table)
+        step.context_lens.append(ctx)
+        step.query_start_loc.append(step.query_start_loc[-1] + len(toks))
+    return step
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return ModelRunner("random:tiny-llama", "float32", num_blocks=16, block_size=BS, max_num_seqs=4,
+                       max_num_batched_tokens=24, max_model_len=64)
+
+
+@pytest.fixture(scope="module")
+def weights(runner):
+    return dict(loader.iter_weights("random:tiny-llama", runner.model_config))
+
+
+def test_token_buckets():
+    assert token_buckets(24) == [1, 2, 4, 8, 16, 24]
+    assert token_buckets(16) == [1, 2, 4, 8, 16]
+    assert token_buckets(1) == [1]
+
+
+def test_kv_cache_bytes_per_block(runner):
+    c = runner.model_config  # 2 layers, 2 KV heads, head_dim 16
+    assert kv_cache_bytes_per_block(c, 16, "float32") == 2 * 2 * 16 * 2 * 16 * 4
+    assert kv_cache_bytes_per_block(c, 16, "float16", tp_size=2) == 2 * 2 * 16 * 1 * 16 * 2
+
+
+def test_prepare_pads_to_the_bucket(runner):
+    step = make_step([("a", [3, 7], 20, list(range(1, 6))), ("b", [9], 3, [7, 8, 9])])
+    (ids, pos, slots, tables, lens, qsl), num_seqs = runner.prepare(step)
+    assert num_seqs == 2 and len(ids) == 8 and tables.shape == (4, 4)  # T 8 -> bucket 8, B -> min(8, 4)
+    assert list(slots) == [3 * 16 + 15, 7 * 16 + 0, 7 * 16 + 1, 7 * 16 + 2, 7 * 16 + 3, 144, 145, 146]
+    step = make_step([("a", [3, 7], 20, list(range(1, 6)))])
+    (ids, pos, slots, tables, lens, qsl), _ = runner.prepare(step)
+    assert list(slots[5:]) == [-1] * 3 and list(ids[5:]) == [0] * 3
+    assert list(lens) == [20, 0, 0, 0] and list(qsl) == [0, 5, 5, 5, 5]
+    assert tables.tolist() == [[3, 7, 0, 0], [0] * 4, [0] * 4, [0] * 4]
+
+
+def test_step_errors(runner):
+    with pytest.raises(ValueError, match="above max_num_batched_tokens 24"):
+        runner.prepare(make_step([("a", [0, 1], 25, list(range(25)))]))
+    with pytest.raises(ValueError, match="above max_num_seqs 4"):
+        runner.prepare(make_step([(str(i), [i], 1, [1]) for i in range(5)]))
+    with pytest.raises(ValueError, match="block table 0 has 5 blocks"):
+        runner.prepare(make_step([("a", [0, 1, 2, 3, 4], 1, [1])]))
+
+
+def test_warmup_compiles_every_bucket_then_steps_match_numpy(runner, weights):
+    stats = runner.warmup()
+    assert stats["graphs"] == len(runner.buckets) == 6 and stats["seconds"] > 0
+    rng = np.random.default_rng(0)
+    a, b = list(rng.integers(0, 512, 18)), list(rng.integers(0, 512, 5))
+    ta, tb = [11, 2], [6]
+    start = time.perf_counter()
+    logits = runner.execute(make_step([("a", ta, 18, a), ("b", tb, 5, b)]))  # T 23 -> bucket 24
+    for _ in range(3):
+        assert logits.shape == (2, 512) and logits.dtype == np.float32
+        for row, toks in zip(logits, (a, b)):
+            assert np.abs(row - nl.forward(weights, runner.model_config, toks)[-1]).max() < 1e-4
+        a.append(int(np.argmax(logits[0])))
+        b.append(int(np.argmax(logits[1])))
+        logits = runner.execute(make_step([("a", ta, len(a), a[-1:]), ("b", tb, len(b), b[-1:])]))
+    assert time.perf_counter() - start < 2.0  # no compilation after warmup (one compile takes seconds)
