@@ -207,17 +207,23 @@ def tensor_shapes(path: str) -> dict:
 def iter_tensors(path: str, names, slices: dict) -> Iterator[tuple[str, np.ndarray]]:
     """(hf_name, float32 array) for each HF name in `names`, sliced by `slices[name]`, one at a time.
 
-    Quantized rows are sliced before dequantising when only rows are taken (column-parallel
-    weights), so a rank dequantises only its share of them.
+    Rows and block-aligned column ranges are cut from the stored bytes before dequantising, so
+    a rank dequantises only its share of column- and row-parallel weights.
     """
+    import gguf
     from gguf import quants
     r = open_reader(path)
     by_name = {hf_name(n): n for n in r.tensors}
     for name in names:
         data, qtype = r.raw(by_name[name])  # [out, bytes_per_row] (quantized) or [out, in]
         sl = slices[name]
-        if data.ndim == 2 and sl[1] == slice(None):
-            data, sl = data[sl[0]], (slice(None), slice(None))
+        if data.ndim == 2:
+            data, sl = data[sl[0]], (slice(None), sl[1])
+            block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+            start, stop, _ = sl[1].indices(data.shape[1] // nbytes * block)
+            if start % block == 0 and stop % block == 0:
+                data = data[:, start // block * nbytes:stop // block * nbytes]  # [rows, bytes of cols]
+                sl = (slice(None), slice(None))
         try:
             w = quants.dequantize(np.asarray(data), qtype)  # [rows, in] float32
         except NotImplementedError:

@@ -9,6 +9,7 @@ from typing import Iterator, Sequence as Seq, Union
 import numpy as np
 
 from ms_atb.config import EngineConfig, config_keys, parse_size
+from ms_atb.distributed import init_distributed, spmd_sampler
 from ms_atb.outputs import RequestOutput
 from ms_atb.sampler import Sampler
 from ms_atb.sampling_params import SamplingParams
@@ -35,7 +36,7 @@ class LLM:
         tp = cfg.parallel.tensor_parallel_size
         self.model_config = load_config(cfg.model.path)
         validate_tp(self.model_config, tp)
-        self.rank = _init_distributed(tp)
+        self.rank = init_distributed(tp)
         self.max_model_len = cfg.model.max_model_len
         max_pos = getattr(self.model_config, "max_position_embeddings", None)
         if max_pos and self.max_model_len > max_pos:
@@ -65,7 +66,7 @@ class LLM:
         self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
                               "max_num_batched_tokens": sc.max_num_batched_tokens}
         self.scheduler = self.new_scheduler()
-        self.sampler = Sampler()
+        self.sampler = spmd_sampler(Sampler(), tp)
         self._next_id = 0
         self._run_stats: dict = {}
 
@@ -238,18 +239,3 @@ class LLM:
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _init_distributed(tp: int) -> int:
-    """Initialises MindSpore's communication for tensor parallelism; returns this rank."""
-    if tp == 1:
-        return 0
-    from mindspore.communication import get_group_size, get_rank, init
-    if "MS_WORKER_NUM" not in os.environ and "RANK_TABLE_FILE" not in os.environ:
-        raise ValueError(f"tensor_parallel_size {tp} needs one process per rank: launch with "
-                         f"msrun --worker_num={tp} --local_worker_num={tp} ... (see README)")
-    init()
-    world = get_group_size()
-    if world != tp:
-        raise ValueError(f"tensor_parallel_size {tp} does not match the msrun world size {world}")
-    return get_rank()

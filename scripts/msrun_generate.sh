@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Tensor-parallel offline generation: msrun starts one process per card, each runs scripts/generate.py
+# (ms-atb-generate) on the same prompts; rank 0 writes --output and the progress.
+#
+#   scripts/msrun_generate.sh [launch options] -- <ms-atb-generate arguments>
+#
+# Launch options (tensor-parallel size = total number of workers; it is passed to the engine as
+# --set tensor_parallel_size=N, before your own --set options, so an explicit one still wins):
+#   -n, --tp N           tensor-parallel size, the total number of workers (default 2)
+#   --nodes K            machines taking part (default 1); each runs N/K workers
+#   --node-rank R        this machine's index, 0..K-1 (default 0); run the script once on each machine
+#   --master-addr ADDR   address of node 0, where msrun's scheduler listens (default 127.0.0.1)
+#   --master-port PORT   the scheduler's port (default 8118)
+#   --log-dir DIR        one log per worker plus scheduler.log (default msrun_log)
+# Example, 2 ranks on this machine:
+#   scripts/msrun_generate.sh -n 2 -- --config configs/tiny_llama.yaml --input prompts.txt --output out.jsonl
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TP=2 NODES=1 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=8118 LOG_DIR=msrun_log
+
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+need() { [[ $# -ge 2 && -n "$2" ]] || { echo "msrun_generate.sh: $1 needs a value" >&2; exit 2; }; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -n|--tp) need "$@"; TP="$2"; shift 2 ;;
+    --nodes) need "$@"; NODES="$2"; shift 2 ;;
+    --node-rank) need "$@"; NODE_RANK="$2"; shift 2 ;;
+    --master-addr) need "$@"; MASTER_ADDR="$2"; shift 2 ;;
+    --master-port) need "$@"; MASTER_PORT="$2"; shift 2 ;;
+    --log-dir) need "$@"; LOG_DIR="$2"; shift 2 ;;
+    -h|--help) usage 0 ;;
+    --) shift; break ;;
+    *) echo "msrun_generate.sh: unknown option $1 (ms-atb-generate arguments go after --)" >&2; usage 2 ;;
+  esac
+done
+for v in TP NODES NODE_RANK MASTER_PORT; do
+  [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "msrun_generate.sh: $v must be a non-negative integer, got '${!v}'" >&2; exit 2; }
+done
+if (( TP < 1 || NODES < 1 || TP % NODES != 0 )); then
+  echo "msrun_generate.sh: --tp $TP must be >= 1 and a multiple of --nodes $NODES" >&2; exit 2
+fi
+if (( NODE_RANK >= NODES )); then
+  echo "msrun_generate.sh: --node-rank $NODE_RANK must be below --nodes $NODES" >&2; exit 2
+fi
+# msrun starts `python` from PATH: make it the project's environment unless one is active.
+if [[ -z "${VIRTUAL_ENV:-}" && -x "$ROOT/.venv/bin/python" ]]; then
+  export PATH="$ROOT/.venv/bin:$PATH"
+fi
+command -v msrun >/dev/null || { echo "msrun_generate.sh: msrun not found (it comes with mindspore)" >&2; exit 2; }
+
+exec msrun --worker_num="$TP" --local_worker_num="$((TP / NODES))" --node_rank="$NODE_RANK" \
+  --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --log_dir="$LOG_DIR" --join=True \
+  "$ROOT/scripts/generate.py" --set "tensor_parallel_size=$TP" "$@"
