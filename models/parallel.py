@@ -108,7 +108,7 @@ class ColumnParallelLinear(nn.Cell):
 
 
 class RowParallelLinear(nn.Cell):
-    """y = sum over ranks of x_r @ W_r, W_r [in_local, out]; AllReduce (float32 sum) when tp_size > 1."""
+    """y = sum over ranks of x_r @ W_r, W_r [in_local, out]; AllReduce when tp_size > 1."""
 
     def __init__(self, in_features: int, out_features: int, tp_size: int = 1, tp_rank: int = 0,
                  dtype=ms.float32):
@@ -118,9 +118,14 @@ class RowParallelLinear(nn.Cell):
                                    name="weight")  # [in_local, out]
         self.tp_size = tp_size
         self.all_reduce = ops.AllReduce() if tp_size > 1 else None
+        # MindSpore's CPU collectives sum float32 only; on Ascend reduce in the model's dtype.
+        self.reduce_in_fp32 = ms.get_context("device_target") == "CPU"
 
     def construct(self, x):  # [T, in_local] -> [T, out]
         y = ops.matmul(x, self.weight)
         if self.tp_size > 1:
-            y = self.all_reduce(y.astype(ms.float32)).astype(x.dtype)
+            if self.reduce_in_fp32:
+                y = self.all_reduce(y.astype(ms.float32)).astype(x.dtype)
+            else:
+                y = self.all_reduce(y)
         return y

@@ -8,12 +8,12 @@ an allocation, so the cache is never traded for contiguity.
 
 Placement (measured on scripts/bench_block_manager.py; see its notes):
 - a new prompt continues right after its cached prefix when that range has room, else
-  takes the best-fitting range (smallest that holds it) from its start, so the rest of
-  the range is its room to grow; only when no range fits does it scatter: the largest
-  range, then the lowest ranges (which are mostly holes of one or two blocks left by
-  finished requests' growth);
-  smallest ranges (lowest addresses) after one largest piece: a prompt that scatters anyway
-  sweeps up the small holes, which keeps the large ranges whole for the next prompts;
+  takes a best-fitting range from its start, so the rest of the range is its room to grow;
+  among ranges at most _FIT_SLACK blocks over the best fit it picks the one whose
+  neighbours are expected (from max_tokens) to finish when it does, so that ranges freed
+  together merge; only when no range fits does it scatter: the largest range, then the
+  lowest ranges (mostly holes left by finished requests' growth), which sweeps up the
+  small holes and keeps the large ranges whole for the next prompts;
 - a growing request takes last + 1 when it is clean, else the start of the lowest range
   that no live request grows into (its left neighbour is not a request's last block), else
   the lowest clean block: growth that cannot stay in place packs the low end of the pool
@@ -23,13 +23,16 @@ Every call costs O(log n) in the number of free ranges (amortised); nothing scan
 from __future__ import annotations
 
 import struct
-from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from heapq import heappop, heappush
 
 import xxhash
 
+from ms_atb.block_placement import SizeIndex
+
 _ALLOCATIONS = ("contiguous", "scattered")
+_FIT_SLACK = 2        # a range up to this many blocks over the best fit may be chosen for its neighbours
+_FIT_CANDIDATES = 8   # ranges compared per allocation (bounds the cost)
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -43,46 +46,14 @@ def hash_block(parent: bytes | None, token_ids) -> bytes:
 
 
 class _Request:
-    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash")
+    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len")
 
-    def __init__(self, token_ids: list[int]):
+    def __init__(self, token_ids: list[int], max_tokens: int | None = None):
         self.block_ids: list[int] = []
+        self.max_len = None if max_tokens is None else len(token_ids) + max_tokens
         self.token_ids = token_ids
         self.num_hashed = 0          # leading full blocks already visited by commit / hits
         self.last_hash: bytes | None = None
-
-
-class _SizeIndex:
-    """Range starts bucketed by a size key; keys kept sorted (few distinct sizes)."""
-
-    def __init__(self):
-        self.buckets: dict[int, dict[int, None]] = {}
-        self.keys: list[int] = []
-
-    def add(self, key: int, start: int) -> None:
-        bucket = self.buckets.get(key)
-        if bucket is None:
-            self.buckets[key] = {start: None}
-            insort(self.keys, key)
-        else:
-            bucket[start] = None
-
-    def remove(self, key: int, start: int) -> None:
-        bucket = self.buckets[key]
-        del bucket[start]
-        if not bucket:
-            del self.buckets[key]
-            del self.keys[bisect_left(self.keys, key)]
-
-    def smallest_at_least(self, key: int) -> int | None:
-        i = bisect_left(self.keys, key)
-        return next(iter(self.buckets[self.keys[i]])) if i < len(self.keys) else None
-
-    def largest(self) -> tuple[int, int] | None:
-        if not self.keys:
-            return None
-        key = self.keys[-1]
-        return key, next(iter(self.buckets[key]))
 
 
 class BlockManager:
@@ -108,10 +79,11 @@ class BlockManager:
         # contiguous: clean ranges [start, end) and their indexes; scattered: a free list
         self._starts: dict[int, int] = {}
         self._ends: dict[int, int] = {}
-        self._by_size = _SizeIndex()
+        self._by_size = SizeIndex()
         self._start_heap: list[int] = []                   # range starts, may hold stale ones
         self._orphan_heap: list[int] = []                  # starts of ranges after no live tail (lazy)
         self._tails: set[int] = set()                      # last block of every live request
+        self._owner: list[_Request | None] = [None] * num_blocks if self._contiguous else []
         self._free_list: deque[int] = deque()
         if self._contiguous:
             self._insert_range(0, num_blocks)
@@ -145,8 +117,6 @@ class BlockManager:
             raise ValueError(f"request {request_id!r}: token_ids must not be empty")
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 0, got {max_tokens}")
-        # max_tokens is validated but not used: every placement that reserved growth room from
-        # it scored worse on the benchmarks (see scripts/bench_block_manager.py)
         bs = self._block_size
         num_tokens = len(token_ids)
         hits, hashes = self._find_hits(token_ids) if self._caching else ([], [])
@@ -157,7 +127,7 @@ class BlockManager:
             raise NoFreeBlocksError(
                 f"request {request_id!r} needs {num_new} new blocks, "
                 f"{self.num_free_blocks - revived} free")
-        req = _Request(list(token_ids))
+        req = _Request(list(token_ids), max_tokens)
         for b in hits:
             if self._ref_counts[b] == 0:
                 del self._lru[b]
@@ -224,6 +194,8 @@ class BlockManager:
         for b in reversed(table):  # tail first: within a request, tail blocks are evicted first
             self._ref_counts[b] -= 1
             if self._ref_counts[b] == 0:
+                if self._contiguous:
+                    self._owner[b] = None
                 if self._block_hash[b] is not None:
                     self._lru[b] = None
                 else:
@@ -283,17 +255,20 @@ class BlockManager:
             new_ids = [self._free_list.popleft() for _ in range(num_new)]
             self._num_clean -= num_new
         else:
-            new_ids = self._take_new_contiguous(req.block_ids, num_new)
+            new_ids = self._take_new_contiguous(req, num_new)
+            for b in new_ids:
+                self._owner[b] = req
         for b in new_ids:
             assert self._ref_counts[b] == 0
             self._ref_counts[b] = 1
         req.block_ids.extend(new_ids)
         return new_ids
 
-    def _take_new_contiguous(self, table: list[int], num_new: int) -> list[int]:
+    def _take_new_contiguous(self, req: _Request, num_new: int) -> list[int]:
+        table = req.block_ids
         start = table[-1] + 1 if table else -1
         if not (start in self._starts and self._starts[start] - start >= num_new):
-            start = self._by_size.smallest_at_least(num_new)  # best fit
+            start = self._best_fit(req, num_new)
         if start is not None:
             self._carve(start, start, start + num_new)
             return list(range(start, start + num_new))
@@ -308,6 +283,24 @@ class BlockManager:
             new_ids.extend(range(s, s + n))
             self._carve(s, s, s + n)
         return new_ids
+
+    def _best_fit(self, req: _Request, num_new: int) -> int | None:
+        """Start of a near-best-fitting range whose neighbours are expected to finish when req does."""
+        fits = self._by_size.near_fits(num_new, _FIT_SLACK, _FIT_CANDIDATES)
+        if len(fits) < 2 or req.max_len is None:
+            return fits[0][1] if fits else None
+        mine = _expected_left(req)
+        owner = self._owner
+        best, best_key = None, None
+        for size, start in fits:
+            score = 0.0
+            for b in (start - 1, start + size):
+                other = owner[b] if 0 <= b < self._num_blocks else None
+                if other is not None and other.max_len is not None:
+                    score += abs(_expected_left(other) - mine)
+            if best_key is None or (score, size) < best_key:
+                best, best_key = start, (score, size)
+        return best
 
     def _grow(self, request_id: str, req: _Request) -> None:
         if self.num_free_blocks == 0:
@@ -325,6 +318,7 @@ class BlockManager:
                 if block is None:
                     block = self._lowest_start()
             self._carve(block, block, block + 1)
+            self._owner[block] = req
             self._untail(last)
             self._tails.add(block)
         assert self._ref_counts[block] == 0
@@ -398,6 +392,11 @@ class BlockManager:
             if end in self._starts:
                 end = self._remove_range(end)
             self._insert_range(start, end)
+
+
+def _expected_left(req: _Request) -> float:
+    """Tokens a request is expected to generate still: half its remaining max_tokens."""
+    return max(0, req.max_len - len(req.token_ids)) / 2
 
 
 def _ascending_run(ids: list[int]) -> bool:

@@ -281,3 +281,14 @@ def test_contiguous_beats_scattered_on_fragmented_pool():
     assert s["allocation_contiguity"] < 1.0
     assert c["contiguity"] > s["contiguity"]
 
+
+
+@pytest.mark.parametrize("max_tokens, start", [(4, 12), (100, 4), (None, 4)])
+def test_equal_fits_go_next_to_requests_expected_to_finish_alike(max_tokens, start):
+    bm = BlockManager(40, 4)
+    for rid, mt in (("a", 100), ("h1", 8), ("b", 4), ("h2", 8), ("c", 4)):
+        bm.allocate(rid, toks(0, 16), max_tokens=mt)   # a [0,4) h1 [4,8) b [8,12) h2 [12,16) c [16,20)
+    bm.free("h1")
+    bm.free("h2")                                      # two 4-holes: between a and b, between b and c
+    bm.allocate("n", toks(0, 16), max_tokens=max_tokens)
+    assert bm.block_table("n") == list(range(start, start + 4))
