@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ms_atb import LLM, SamplingParams
+from ms_atb import SamplingParams
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -14,9 +14,9 @@ REFERENCE = os.path.join(ROOT, "tests", "data", "smollm2_reference.json")
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), max_num_batched_tokens=128,
-               max_num_seqs=8, max_model_len=512, num_blocks=160)
+def llm(smollm2_llm):
+    smollm2_llm.reset_scheduler()
+    return smollm2_llm
 
 
 @pytest.fixture(scope="module")

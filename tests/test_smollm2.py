@@ -15,7 +15,6 @@ pytestmark = pytest.mark.slow
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "data", "smollm2_reference.json")
 BLOCK_SIZE = 16
-MAX_LEN = 128
 
 
 def _gguf_path():
@@ -32,10 +31,11 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def runner():
-    from ms_atb.model_runner import ModelRunner
-    return ModelRunner(_gguf_path(), "float32", num_blocks=MAX_LEN // BLOCK_SIZE + 2, block_size=BLOCK_SIZE,
-                       max_num_seqs=1, max_num_batched_tokens=64, max_model_len=MAX_LEN)
+def runner(smollm2_llm):
+    """The shared engine's runner, driven directly; its KV cache is dropped afterwards."""
+    _gguf_path()
+    yield smollm2_llm.runner
+    smollm2_llm.reset_scheduler()
 
 
 def _step(token_ids, start, table):
