@@ -6,18 +6,14 @@ address (a lazy min-heap of starts). Cached free blocks (committed, refcount 0) 
 LRU queue; they are evicted into the clean ranges only when the clean blocks cannot cover
 an allocation, so the cache is never traded for contiguity.
 
-Placement (measured on scripts/bench_block_manager.py; see its notes):
-- a new prompt continues right after its cached prefix when that range has room, else
-  takes a best-fitting range from its start, so the rest of the range is its room to grow;
-  among ranges at most _FIT_SLACK blocks over the best fit it picks the one whose
-  neighbours are expected (from max_tokens) to finish when it does, so that ranges freed
-  together merge; only when no range fits does it scatter: the largest range, then the
-  lowest ranges (mostly holes left by finished requests' growth), which sweeps up the
-  small holes and keeps the large ranges whole for the next prompts;
-- a growing request takes last + 1 when it is clean, else the start of the lowest range
-  that no live request grows into (its left neighbour is not a request's last block), else
-  the lowest clean block: growth that cannot stay in place packs the low end of the pool
-  without stealing a neighbour's room, so free space drifts upward and merges.
+Placement (measured with scripts/bench_block_manager.py; BENCHMARKS.md § Block manager):
+- a new prompt continues right after its cached prefix when that range has room, else takes
+  a best-fitting range from its start (the rest is its room to grow); among ranges at most
+  _FIT_SLACK blocks over the best fit it picks the one whose neighbours are expected (from
+  max_tokens) to finish when it does, so that ranges freed together merge; with no fitting
+  range it scatters: the largest range, then the lowest ranges, sweeping up small holes;
+- a growing request takes last + 1 when it is clean, else the start of the lowest range no
+  live request grows into, else the lowest clean block: free space drifts upward and merges.
 Every call costs O(log n) in the number of free ranges (amortised); nothing scans the pool.
 """
 from __future__ import annotations
