@@ -9,7 +9,7 @@ from mindspore import nn, ops
 
 from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
                                     num_kv_heads_per_rank, validate_tp)
-from ms_atb.ops import PagedAttention, ReshapeAndCache
+from ms_atb.ops import PagedAttention, ReshapeAndCache, RmsNorm, RotaryEmbedding, SwiGlu
 
 _ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -110,15 +110,13 @@ def rope_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 class RMSNorm(nn.Cell):
-    def __init__(self, size: int, eps: float, dtype):
+    def __init__(self, size: int, eps: float, dtype, device):
         super().__init__()
         self.weight = ms.Parameter(ms.Tensor(np.ones(size), dtype), name="weight")  # [size]
-        self.eps = eps
+        self.norm = RmsNorm(eps, dtype, device)
 
     def construct(self, x):  # [T, size]
-        x32 = x.astype(ms.float32)
-        var = ops.mean(x32 * x32, -1, keep_dims=True)
-        return (x32 * ops.rsqrt(var + self.eps)).astype(x.dtype) * self.weight
+        return self.norm(x, self.weight)
 
 
 class LlamaAttention(nn.Cell):
@@ -130,21 +128,19 @@ class LlamaAttention(nn.Cell):
         self.head_dim = d
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
-                                             tp_size, tp_rank, dtype)
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype)
+                                             tp_size, tp_rank, dtype, device)
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device)
+        self.rope = RotaryEmbedding(self.num_heads + self.num_kv_heads, d, dtype, device)
         self.reshape_and_cache = ReshapeAndCache(device=device)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device)
-
-    def rope(self, x, cos, sin, perm):  # x [T, N, D]; cos, sin [T, 1, D]
-        return x * cos + ops.gather(x, perm, 2) * sin
 
     def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc):
         t = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, q + 2 kv]
+        qkv = self.rope(self.qkv_proj(x), cos, sin, perm)  # [T, q + 2 kv], q and k rotated
         q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
-        q = self.rope(q.reshape(t, self.num_heads, self.head_dim), cos, sin, perm)  # [T, H, D]
-        k = self.rope(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin, perm)  # [T, KVH, D]
+        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
         written = self.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
         q = ops.depend(q, written)
@@ -153,25 +149,25 @@ class LlamaAttention(nn.Cell):
 
 
 class LlamaMLP(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, tp_size, tp_rank):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank):
         super().__init__()
         self.inter = config.intermediate_size // tp_size
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (self.inter, self.inter),
-                                                 tp_size, tp_rank, dtype)
-        self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype)
+                                                 tp_size, tp_rank, dtype, device)
+        self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype, device)
+        self.swiglu = SwiGlu(dtype, device)
 
     def construct(self, x):  # [T, hidden]
-        gate, up = ops.split(self.gate_up_proj(x), (self.inter, self.inter), -1)  # [T, I/tp] each
-        return self.down_proj(ops.silu(gate) * up)
+        return self.down_proj(self.swiglu(self.gate_up_proj(x)))  # gate_up [T, 2 I/tp] -> [T, I/tp]
 
 
 class LlamaDecoderLayer(nn.Cell):
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = LlamaMLP(config, dtype, tp_size, tp_rank)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank)
 
     def construct(self, h, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc):
@@ -195,10 +191,9 @@ class LlamaForCausalLM(nn.Cell):
                                          name="embed_tokens")  # [V, hidden]
         self.layers = nn.CellList([LlamaDecoderLayer(config, dtype, device, tp_size, tp_rank)
                                    for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(h, config.rms_norm_eps, dtype)
-        # Tied or not, lm_head is its own [hidden, V] copy: x @ W in [in, out] is the fast CPU layout.
-        self.lm_head = ms.Parameter(initializer("zeros", (h, v), dtype),
-                                    name="lm_head")  # [hidden, V]
+        self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
+        # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
+        self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device)
         cos, sin, perm = rope_tables(config)
         self.cos = ms.Parameter(ms.Tensor(cos, dtype), name="rope_cos", requires_grad=False)  # [P, D]
         self.sin = ms.Parameter(ms.Tensor(sin, dtype), name="rope_sin", requires_grad=False)  # [P, D]
@@ -214,18 +209,18 @@ class LlamaForCausalLM(nn.Cell):
 
     def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
         h = ops.gather(self.embed_tokens, input_ids, 0)  # [T, hidden]
-        t = h.shape[0]
-        cos = ops.gather(self.cos, positions, 0).reshape(t, 1, -1)  # [T, 1, D]
-        sin = ops.gather(self.sin, positions, 0).reshape(t, 1, -1)  # [T, 1, D]
+        cos = ops.gather(self.cos, positions, 0)  # [T, D]
+        sin = ops.gather(self.sin, positions, 0)  # [T, D]
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
                       block_tables, context_lens, query_start_loc)
         last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
         h = self.norm(ops.gather(h, last, 0))  # [B, hidden]
-        return ops.matmul(h, self.lm_head).astype(ms.float32)  # [B, V]
+        return self.lm_head(h).astype(ms.float32)  # [B, V]
 
     def _weight_targets(self) -> dict:
-        """HF name -> (Parameter, column offset in it or None for the whole, HF-layout shape [out, in])."""
+        """HF name -> (Parameter, or the linear it is a slice of; column offset in that linear or None for
+        a whole Parameter; HF-layout shape [out, in])."""
         c, h = self.config, self.config.hidden_size
         targets = {"model.embed_tokens.weight": (self.embed_tokens, None, (c.vocab_size, h)),
                    "model.norm.weight": (self.norm.weight, None, (h,))}
@@ -237,20 +232,20 @@ class LlamaForCausalLM(nn.Cell):
             targets.update({
                 p + "input_layernorm.weight": (layer.input_layernorm.weight, None, (h,)),
                 p + "post_attention_layernorm.weight": (layer.post_attention_layernorm.weight, None, (h,)),
-                p + "self_attn.q_proj.weight": (attn.qkv_proj.weight, 0, (q, h)),
-                p + "self_attn.k_proj.weight": (attn.qkv_proj.weight, q, (kv, h)),
-                p + "self_attn.v_proj.weight": (attn.qkv_proj.weight, q + kv, (kv, h)),
-                p + "self_attn.o_proj.weight": (attn.o_proj.weight, 0, (h, q)),
-                p + "mlp.gate_proj.weight": (mlp.gate_up_proj.weight, 0, (inter, h)),
-                p + "mlp.up_proj.weight": (mlp.gate_up_proj.weight, inter, (inter, h)),
-                p + "mlp.down_proj.weight": (mlp.down_proj.weight, 0, (h, inter))})
+                p + "self_attn.q_proj.weight": (attn.qkv_proj, 0, (q, h)),
+                p + "self_attn.k_proj.weight": (attn.qkv_proj, q, (kv, h)),
+                p + "self_attn.v_proj.weight": (attn.qkv_proj, q + kv, (kv, h)),
+                p + "self_attn.o_proj.weight": (attn.o_proj, 0, (h, q)),
+                p + "mlp.gate_proj.weight": (mlp.gate_up_proj, 0, (inter, h)),
+                p + "mlp.up_proj.weight": (mlp.gate_up_proj, inter, (inter, h)),
+                p + "mlp.down_proj.weight": (mlp.down_proj, 0, (h, inter))})
         return targets
 
     def load_weights(self, weights) -> None:
         """Fill the Parameters from (HF name, HF-layout array already sliced for this rank) pairs, one by one.
         Linear weights [out, in] are stored transposed, [in, out]; a tied embedding also fills lm_head."""
         targets = self._weight_targets()
-        pending = {}  # id(Parameter) -> (buffer [in, out], parts left)
+        pending = {}  # id(linear) -> (buffer [in, out], parts left)
         parts = {}
         for name, (param, offset, _) in targets.items():
             if offset is not None:
@@ -270,12 +265,14 @@ class LlamaForCausalLM(nn.Cell):
             if offset is None:
                 param.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
                 if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
-                    self.lm_head.set_data(ms.Tensor(np.ascontiguousarray(array.T, np.float32), self.dtype))
+                    self.lm_head.set_weight(array.T)
                 continue
-            buf, left = pending.get(id(param)) or (np.empty(param.shape, np.float32), parts[id(param)])
+            linear = param
+            buf, left = pending.get(id(linear)) or (np.empty((linear.in_features, linear.out_features), np.float32),
+                                                   parts[id(linear)])
             buf[:, offset:offset + shape[0]] = array.T
             if left == 1:
-                param.set_data(ms.Tensor(buf, self.dtype))
+                linear.set_weight(buf)
                 pending.pop(id(param), None)
             else:
                 pending[id(param)] = (buf, left - 1)

@@ -9,9 +9,12 @@ Rules (stable; the loader slices with them):
 """
 import re
 
+import numpy as np
 import mindspore as ms
 from mindspore.common.initializer import initializer
 from mindspore import nn, ops
+
+from ms_atb.ops import PackedMatMul, pack_weight, packed_shape
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
@@ -92,37 +95,60 @@ def shard_slice(name: str, full_shape, config, tp_size: int, tp_rank: int) -> tu
     return full[:axis] + (slice(start, stop),) + full[axis + 1:]
 
 
-class ColumnParallelLinear(nn.Cell):
-    """y = x @ W, W [in, out_local]: this rank's output columns of one or several fused projections
-    (out_sizes: their per-rank sizes, e.g. (q, k, v) or (gate, up)); no bias, no communication."""
+class _Linear(nn.Cell):
+    """x @ W with W [in, out] kept in the layout the device multiplies fastest: on the CPU in float32,
+    packed column panels [ceil(out / 16), in, 16] for our PackedMatMul kernel; elsewhere [in, out] for
+    MindSpore's MatMul. Fill it with set_weight([in, out] array)."""
 
-    def __init__(self, in_features: int, out_sizes, tp_size: int = 1, tp_rank: int = 0, dtype=ms.float32):
+    def __init__(self, in_features: int, out_features: int, dtype, device: str):
         super().__init__()
-        self.out_sizes = (out_sizes,) if isinstance(out_sizes, int) else tuple(out_sizes)
-        self.in_features, self.out_features = in_features, sum(self.out_sizes)
-        self.weight = ms.Parameter(initializer("zeros", (self.in_features, self.out_features), dtype),
-                                   name="weight")  # [in, out_local]
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.packed = device == "cpu" and dtype == ms.float32
+        shape = packed_shape(in_features, out_features) if self.packed else (in_features, out_features)
+        self.weight = ms.Parameter(initializer("zeros", shape, dtype), name="weight")
+        self.packed_matmul = PackedMatMul(out_features) if self.packed else None
 
-    def construct(self, x):  # [T, in] -> [T, out_local]
+    def set_weight(self, w: np.ndarray) -> None:
+        """w [in, out] (float32 or castable)."""
+        if tuple(w.shape) != (self.in_features, self.out_features):
+            raise ValueError(f"weight [in, out] must be {(self.in_features, self.out_features)}, "
+                             f"found {tuple(w.shape)}")
+        data = pack_weight(w) if self.packed else np.ascontiguousarray(w, np.float32)
+        self.weight.set_data(ms.Tensor(data, self.dtype))
+
+    def matmul(self, x):  # [T, in] -> [T, out]
+        if self.packed:
+            return self.packed_matmul(x, self.weight)
         return ops.matmul(x, self.weight)
 
 
-class RowParallelLinear(nn.Cell):
+class ColumnParallelLinear(_Linear):
+    """y = x @ W, W [in, out_local]: this rank's output columns of one or several fused projections
+    (out_sizes: their per-rank sizes, e.g. (q, k, v) or (gate, up)); no bias, no communication."""
+
+    def __init__(self, in_features: int, out_sizes, tp_size: int = 1, tp_rank: int = 0, dtype=ms.float32,
+                 device: str = "cpu"):
+        out_sizes = (out_sizes,) if isinstance(out_sizes, int) else tuple(out_sizes)
+        super().__init__(in_features, sum(out_sizes), dtype, device)
+        self.out_sizes = out_sizes
+
+    def construct(self, x):  # [T, in] -> [T, out_local]
+        return self.matmul(x)
+
+
+class RowParallelLinear(_Linear):
     """y = sum over ranks of x_r @ W_r, W_r [in_local, out]; AllReduce when tp_size > 1."""
 
     def __init__(self, in_features: int, out_features: int, tp_size: int = 1, tp_rank: int = 0,
-                 dtype=ms.float32):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features  # in_features: per rank
-        self.weight = ms.Parameter(initializer("zeros", (self.in_features, self.out_features), dtype),
-                                   name="weight")  # [in_local, out]
+                 dtype=ms.float32, device: str = "cpu"):
+        super().__init__(in_features, out_features, dtype, device)  # in_features: per rank
         self.tp_size = tp_size
         self.all_reduce = ops.AllReduce() if tp_size > 1 else None
         # MindSpore's CPU collectives sum float32 only; on Ascend reduce in the model's dtype.
         self.reduce_in_fp32 = ms.get_context("device_target") == "CPU"
 
     def construct(self, x):  # [T, in_local] -> [T, out]
-        y = ops.matmul(x, self.weight)
+        y = self.matmul(x)
         if self.tp_size > 1:
             if self.reduce_in_fp32:
                 y = self.all_reduce(y.astype(ms.float32)).astype(x.dtype)

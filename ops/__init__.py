@@ -1,10 +1,14 @@
 """Kernels and their registration through mindspore.ops.Custom.
 
-`ReshapeAndCache` and `PagedAttention` are Cells usable inside graph-mode Cells, on the CPU
+`ReshapeAndCache`, `PagedAttention`, `PackedMatMul` and the elementwise ops are Cells usable inside graph-mode Cells, on the CPU
 through C++ aot kernels (compiled on first use, see build.py) and on Ascend through
-MindSpore's built-in ops (unverified).
+MindSpore's built-in ops (unverified; PackedMatMul and the elementwise kernels are CPU-only: on Ascend
+the model uses MindSpore's MatMul and the same formulas in MindSpore ops).
 """
+from ms_atb.ops.elementwise import RmsNorm, RotaryEmbedding, SwiGlu
+from ms_atb.ops.matmul import PackedMatMul, pack_weight, packed_shape, unpack_weight
 from ms_atb.ops.paged_attention import PagedAttention
 from ms_atb.ops.reshape_and_cache import ReshapeAndCache
 
-__all__ = ["PagedAttention", "ReshapeAndCache"]
+__all__ = ["PackedMatMul", "PagedAttention", "ReshapeAndCache", "RmsNorm", "RotaryEmbedding", "SwiGlu",
+           "pack_weight", "packed_shape", "unpack_weight"]

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("paged_attention.cc", "reshape_and_cache.cc")
-HEADERS = ("dtype.h", "thread_pool.h")
+SOURCES = ("elementwise.cc", "matmul.cc", "paged_attention.cc", "reshape_and_cache.cc")
+HEADERS = ("dtype.h", "fast_math.h", "thread_pool.h")
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-pthread")
 

@@ -18,6 +18,7 @@
 #endif
 
 #include "dtype.h"
+#include "fast_math.h"
 #include "thread_pool.h"
 
 namespace {
@@ -54,23 +55,6 @@ inline const float *Rows(const float *src, int64_t, int64_t stride, int64_t, std
   return src;
 }
 
-// exp(x) for x <= 0 (Cephes-style polynomial, ~1 ulp); plain arithmetic so that loops vectorise.
-inline float ExpNonPositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return y * scale;
-}
 
 // out[t] = dot(q, k[t * ks : t * ks + D]) for t < n.
 inline void DotRows(const float *q, const float *k, int64_t ks, int64_t n, int64_t D, float *out) {
@@ -187,7 +171,7 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
         for (int64_t t = 0; t < cnt; ++t) mx = std::max(mx, sr[t]);
         float *acc = s.acc.data() + r * D;
         if (mx > s.m[r]) {
-          const float alpha = ExpNonPositive(s.m[r] - mx);
+          const float alpha = ms_atb::ExpNonPositive(s.m[r] - mx);
           s.l[r] *= alpha;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
@@ -196,7 +180,7 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < cnt; ++t) {
-          sr[t] = ExpNonPositive(sr[t] - mx);
+          sr[t] = ms_atb::ExpNonPositive(sr[t] - mx);
           sum += sr[t];
         }
         s.l[r] += sum;
