@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "kernel_profile.h"
 #include "fast_math.h"
 #include "thread_pool.h"
 
@@ -46,6 +47,7 @@ extern "C" std::vector<int64_t> RmsNormInferShape(int *ndims, int64_t **shapes, 
 
 extern "C" int RmsNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                        void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("RmsNorm");
   if (nparam != 4) return Fail("RmsNorm", "expected 3 inputs and 1 output");
   if (ndims[0] != 2 || ndims[1] != 1 || shapes[1][0] != shapes[0][1] || shapes[2][0] != 1)
     return Fail("RmsNorm", "expected x [T, H], weight [H], eps [1]");
@@ -76,6 +78,7 @@ extern "C" std::vector<int64_t> RotaryEmbeddingInferShape(int *ndims, int64_t **
 
 extern "C" int RotaryEmbedding(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("RotaryEmbedding");
   const char *op = "RotaryEmbedding";
   if (nparam != 6) return Fail(op, "expected 5 inputs and 1 output");
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 1 || shapes[4][0] != 1)
@@ -116,6 +119,7 @@ extern "C" std::vector<int64_t> SwiGluInferShape(int *ndims, int64_t **shapes, v
 
 extern "C" int SwiGlu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                       void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("SwiGlu");
   if (nparam != 2) return Fail("SwiGlu", "expected 1 input and 1 output");
   if (ndims[0] != 2 || shapes[0][1] % 2 != 0) return Fail("SwiGlu", "expected gate_up [T, 2I]");
   if (!AllFloat32(dtypes, 2)) return Fail("SwiGlu", "dtype must be float32");

@@ -11,8 +11,8 @@ namespace ms_atb {
 
 // exp(x) for x <= 0 (Cephes-style polynomial, ~1 ulp); plain arithmetic so that loops vectorise.
 inline float ExpNonPositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504f + 0.5f);
+  x = x < -87.0f ? -87.0f : x;
+  const float n = __builtin_floorf(x * 1.44269504f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -21,17 +21,15 @@ inline float ExpNonPositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
+  const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
   return y * scale;
 }
 
 // x * sigmoid(x), through exp(-|x|) so that the exponential never overflows.
 inline float Silu(float x) {
-  const float e = ExpNonPositive(-std::fabs(x));
-  const float sig = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-  return x * sig;
+  const float e = ExpNonPositive(-__builtin_fabsf(x));
+  const float num = x >= 0.0f ? 1.0f : e;  // a select, so that loops over Silu vectorise
+  return x * num / (1.0f + e);
 }
 
 }  // namespace ms_atb

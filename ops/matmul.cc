@@ -15,6 +15,7 @@
 #endif
 
 #include "dtype.h"
+#include "kernel_profile.h"
 #include "thread_pool.h"
 
 namespace {
@@ -86,6 +87,7 @@ extern "C" std::vector<int64_t> PackedMatMulInferShape(int *ndims, int64_t **sha
 
 extern "C" int PackedMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                             void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("PackedMatMul");
   if (nparam != 3) return Fail("expected 2 inputs and 1 output");
   if (ndims[0] != 2 || ndims[1] != 3 || ndims[2] != 2)
     return Fail("expected x [M, K], w_packed [P, K, 16] and y [M, 16 P]");

@@ -18,6 +18,7 @@
 #endif
 
 #include "dtype.h"
+#include "kernel_profile.h"
 #include "fast_math.h"
 #include "thread_pool.h"
 
@@ -220,6 +221,7 @@ extern "C" std::vector<int64_t> PagedAttentionInferShape(int *ndims, int64_t **s
 
 extern "C" int PagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                               void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("PagedAttention");
   if (nparam != 8) return Fail("expected 7 inputs and 1 output");
   if (ndims[0] != 3 || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 2 || ndims[4] != 1 || ndims[5] != 1)
     return Fail("expected query [T, H, D], caches [NB, BS, KVH, D], block_tables [B, MAXB], "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "kernel_profile.h"
 
 namespace {
 
@@ -37,6 +38,7 @@ extern "C" std::vector<int64_t> ReshapeAndCacheInferShape(int *ndims, int64_t **
 
 extern "C" int ReshapeAndCache(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("ReshapeAndCache");
   if (nparam != 6) return Fail("expected 5 inputs and 1 output");
   if (ndims[0] != 3 || ndims[1] != 3 || ndims[2] != 4 || ndims[3] != 4 || ndims[4] != 1)
     return Fail("expected key/value [T, KVH, D], caches [NB, BS, KVH, D], slot_mapping [T]");
