@@ -15,7 +15,7 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("elementwise.cc", "matmul.cc", "paged_attention.cc", "reshape_and_cache.cc")
-HEADERS = ("dtype.h", "fast_math.h", "kernel_profile.h", "thread_pool.h")
+HEADERS = ("dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h", "thread_pool.h")
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-fno-trapping-math", "-pthread")
 

@@ -9,9 +9,9 @@
 
 namespace ms_atb {
 
-// exp(x) for x <= 0 (Cephes-style polynomial, ~1 ulp); plain arithmetic so that loops vectorise.
-inline float ExpNonPositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
+// exp(x) for x <= 0 (Cephes-style polynomial, ~1 ulp; 0 below -87); plain arithmetic so that loops vectorise.
+inline float ExpNonPositive(float in) {
+  const float x = in < -87.0f ? -87.0f : in;
   const float n = __builtin_floorf(x * 1.44269504f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -22,7 +22,7 @@ inline float ExpNonPositive(float x) {
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
   const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
-  return y * scale;
+  return in < -87.0f ? 0.0f : y * scale;
 }
 
 // x * sigmoid(x), through exp(-|x|) so that the exponential never overflows.

@@ -10,73 +10,19 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
-
 #include "dtype.h"
+#include "gemm_tile.h"
 #include "kernel_profile.h"
 #include "thread_pool.h"
 
 namespace {
 
-constexpr int64_t kPanel = 16;  // columns per packed panel
-constexpr int64_t kRows = 6;    // rows per register tile: 6 x 16 accumulators = 12 ymm registers
+constexpr int64_t kPanel = ms_atb::kTileCols;  // columns per packed panel
+constexpr int64_t kRows = ms_atb::kTileRows;
 
 int Fail(const char *msg) {
   std::fprintf(stderr, "ms_atb PackedMatMul: %s\n", msg);
   return 1;
-}
-
-// y[0:MR, 0:16] = x[0:MR, 0:K] @ panel[0:K, 0:16]; rows of x are ldx apart, rows of y ldy apart.
-template <int MR>
-void Tile(const float *__restrict x, int64_t ldx, const float *__restrict panel, float *__restrict y,
-          int64_t ldy, int64_t K) {
-#if defined(__AVX2__) && defined(__FMA__)
-  // Named accumulators (not an array) so that the compiler keeps all of them in registers.
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(panel + k * kPanel), b1 = _mm256_loadu_ps(panel + k * kPanel + 8);
-    __m256 a;
-#define MS_ATB_ROW(i)                                      \
-    if constexpr (MR > i) {                                \
-      a = _mm256_broadcast_ss(x + i * ldx + k);            \
-      c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);           \
-      c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);           \
-    }
-    MS_ATB_ROW(0) MS_ATB_ROW(1) MS_ATB_ROW(2) MS_ATB_ROW(3) MS_ATB_ROW(4) MS_ATB_ROW(5)
-#undef MS_ATB_ROW
-  }
-#define MS_ATB_STORE(i)                                    \
-  if constexpr (MR > i) {                                  \
-    _mm256_storeu_ps(y + i * ldy, c##i##0);                \
-    _mm256_storeu_ps(y + i * ldy + 8, c##i##1);            \
-  }
-  MS_ATB_STORE(0) MS_ATB_STORE(1) MS_ATB_STORE(2) MS_ATB_STORE(3) MS_ATB_STORE(4) MS_ATB_STORE(5)
-#undef MS_ATB_STORE
-#else
-  // Portable path (no AVX2/FMA): the same loop order, left to the compiler's vectoriser.
-  float acc[MR][kPanel] = {};
-  for (int64_t k = 0; k < K; ++k)
-    for (int i = 0; i < MR; ++i) {
-      const float a = x[i * ldx + k];
-      for (int64_t j = 0; j < kPanel; ++j) acc[i][j] += a * panel[k * kPanel + j];
-    }
-  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, acc[i], sizeof(acc[i]));
-#endif
-}
-
-void Rows(int64_t m, const float *x, int64_t ldx, const float *panel, float *y, int64_t ldy, int64_t K) {
-  switch (m) {
-    case 6: Tile<6>(x, ldx, panel, y, ldy, K); break;
-    case 5: Tile<5>(x, ldx, panel, y, ldy, K); break;
-    case 4: Tile<4>(x, ldx, panel, y, ldy, K); break;
-    case 3: Tile<3>(x, ldx, panel, y, ldy, K); break;
-    case 2: Tile<2>(x, ldx, panel, y, ldy, K); break;
-    case 1: Tile<1>(x, ldx, panel, y, ldy, K); break;
-    default: break;
-  }
 }
 
 }  // namespace
@@ -117,7 +63,8 @@ extern "C" int PackedMatMul(int nparam, void **params, int *ndims, int64_t **sha
     const int64_t p0 = (item % col_blocks) * panels_per_item, p1 = std::min(P, p0 + panels_per_item);
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t r = r0; r < r1; r += kRows)
-        Rows(std::min(kRows, r1 - r), x + r * K, K, w + p * K * kPanel, y + r * N + p * kPanel, N, K);
+        ms_atb::GemmRows(std::min(kRows, r1 - r), x + r * K, K, 1, w + p * K * kPanel, kPanel, y + r * N + p * kPanel, N,
+                         K, false);
   });
   return 0;
 }

@@ -18,6 +18,7 @@
 #endif
 
 #include "dtype.h"
+#include "gemm_tile.h"
 #include "kernel_profile.h"
 #include "fast_math.h"
 #include "thread_pool.h"
@@ -25,6 +26,7 @@
 namespace {
 
 constexpr int64_t kQueryTile = 16;
+constexpr int64_t kTiledRows = 16;  // rows per kv head from which the GEMM-tiled path pays
 
 struct Item {
   int64_t seq, kv_begin, kv_end, q_begin, q_end;  // q_* index into the sequence's queries
@@ -39,6 +41,7 @@ struct Args {
 
 struct Scratch {
   std::vector<float> q, acc, scores, m, l, k, v;
+  std::vector<float> row_max, row_sum, alpha, valid_f;
   std::vector<int64_t> valid;
 };
 
@@ -199,10 +202,128 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
       }
 }
 
+// Many rows per kv head (prefill tiles): the two products of a block as register-tiled GEMMs.
+// S^T [ntok, RP] = K [ntok, D] @ Q^T [D, RP] (queries transposed once per item), an online softmax
+// vectorised over rows, then acc [RG, D] += P [RG, ntok] @ V [ntok, D], P read from S^T.
+template <typename T>
+void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_cache, const T *value_cache, T *out,
+                  Scratch &s) {
+  const int64_t G = a.H / a.KVH, D = a.D, BS = a.BS;
+  const int64_t nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
+  const int64_t RG = nq * G;                                                  // rows per kv head
+  const int64_t RP = (RG + ms_atb::kTileCols - 1) / ms_atb::kTileCols * ms_atb::kTileCols;  // padded
+  const int64_t ctx = a.context_lens[it.seq];
+  const int64_t seq_q = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
+  const int64_t first_pos = ctx - seq_q + it.q_begin;
+  const int64_t last_pos = first_pos + nq - 1;
+  const int64_t row0 = a.query_start_loc[it.seq] + it.q_begin;
+  const int64_t kv_stride = a.KVH * D;
+  s.q.assign(ng * D * RP, 0.0f);   // [ng, D, RP]: scaled queries, transposed
+  s.acc.assign(ng * RP * D, 0.0f);  // [ng, RP, D]
+  s.m.assign(ng * RP, -INFINITY);
+  s.l.assign(ng * RP, 0.0f);
+  s.scores.resize(BS * RP);  // [BS, RP]
+  s.row_max.resize(RP);
+  s.row_sum.resize(RP);
+  s.alpha.resize(RP);
+  s.valid_f.resize(RP);
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t h = 0; h < G; ++h) {
+        const T *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        float *dst = s.q.data() + g * D * RP + i * G + h;
+        for (int64_t d = 0; d < D; ++d) dst[d * RP] = ms_atb::ToFloat(src[d]) * a.scale;
+      }
+  const int32_t *table = a.block_tables + it.seq * a.MAXB;
+  const int64_t nblocks = last_pos / BS + 1;
+  float *st = s.scores.data(), *mx = s.row_max.data(), *sum = s.row_sum.data(), *alpha = s.alpha.data();
+  float *valid = s.valid_f.data();
+  for (int64_t j = 0; j < nblocks; ++j) {
+    const int64_t base = j * BS;
+    const int64_t ntok = std::min(BS, last_pos + 1 - base);
+    for (int64_t r = 0; r < RP; ++r)
+      valid[r] = r < RG ? static_cast<float>(std::min(ntok, first_pos + r / G - base + 1)) : 0.0f;
+    if (j + 1 < nblocks) {
+      const int64_t next = (static_cast<int64_t>(table[j + 1]) * BS * a.KVH + it.kv_begin) * D;
+      for (int64_t t = 0; t < BS; ++t)
+        for (int64_t e = 0; e < ng * D; e += 64 / static_cast<int64_t>(sizeof(T))) {
+          __builtin_prefetch(key_cache + next + t * kv_stride + e);
+          __builtin_prefetch(value_cache + next + t * kv_stride + e);
+        }
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t offset = (static_cast<int64_t>(table[j]) * BS * a.KVH + it.kv_begin + g) * D;
+      int64_t ks, vs;
+      const float *k = Rows(key_cache + offset, ntok, kv_stride, D, s.k, &ks);
+      const float *v = Rows(value_cache + offset, ntok, kv_stride, D, s.v, &vs);
+      const float *qt = s.q.data() + g * D * RP;
+      float *m = s.m.data() + g * RP, *l = s.l.data() + g * RP, *acc = s.acc.data() + g * RP * D;
+      for (int64_t t0 = 0; t0 < ntok; t0 += ms_atb::kTileRows)
+        for (int64_t p = 0; p < RP; p += ms_atb::kTileCols)
+          ms_atb::GemmRows(std::min(ms_atb::kTileRows, ntok - t0), k + t0 * ks, ks, 1, qt + p, RP, st + t0 * RP + p,
+                           RP, D, false);
+#pragma omp simd
+      for (int64_t r = 0; r < RP; ++r) {
+        mx[r] = m[r];
+        sum[r] = 0.0f;
+      }
+      for (int64_t t = 0; t < ntok; ++t) {
+        const float *srow = st + t * RP;
+        const float tf = static_cast<float>(t);
+#pragma omp simd
+        for (int64_t r = 0; r < RP; ++r) mx[r] = tf < valid[r] ? std::max(mx[r], srow[r]) : mx[r];
+      }
+#pragma omp simd
+      for (int64_t r = 0; r < RP; ++r) {
+        const bool none = mx[r] == -INFINITY;
+        alpha[r] = none ? 1.0f : ms_atb::ExpNonPositive(m[r] - mx[r]);
+        m[r] = mx[r];
+      }
+      for (int64_t t = 0; t < ntok; ++t) {
+        float *srow = st + t * RP;
+        const float tf = static_cast<float>(t);
+#pragma omp simd
+        for (int64_t r = 0; r < RP; ++r) {
+          const float e = ms_atb::ExpNonPositive(srow[r] - mx[r]);
+          srow[r] = tf < valid[r] ? e : 0.0f;
+          sum[r] += srow[r];
+        }
+      }
+      for (int64_t r = 0; r < RG; ++r) {
+        l[r] = l[r] * alpha[r] + sum[r];
+        if (alpha[r] != 1.0f) {
+          float *ar = acc + r * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) ar[d] *= alpha[r];
+        }
+      }
+      for (int64_t r0 = 0; r0 < RG; r0 += ms_atb::kTileRows)
+        for (int64_t c = 0; c < D; c += ms_atb::kTileCols)
+          ms_atb::GemmRows(std::min(ms_atb::kTileRows, RG - r0), st + r0, 1, RP, v + c, vs, acc + r0 * D + c, D,
+                           ntok, true);
+    }
+  }
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t r = i * G + h;
+        const float inv = 1.0f / s.l[g * RP + r];
+        const float *src = s.acc.data() + (g * RP + r) * D;
+        T *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::FromFloat<T>(src[d] * inv);
+      }
+}
+
 template <typename T>
 void Run(const Args &a, const std::vector<Item> &items, const void *q, const void *kc, const void *vc, void *o) {
   ms_atb::ThreadPool::Get().Run(static_cast<int64_t>(items.size()), [&](int64_t i) {
     thread_local Scratch scratch;
+    const Item &it = items[i];
+    if ((it.q_end - it.q_begin) * (a.H / a.KVH) >= kTiledRows && a.D % ms_atb::kTileCols == 0) {
+      RunItemTiled<T>(it, a, static_cast<const T *>(q), static_cast<const T *>(kc), static_cast<const T *>(vc),
+                      static_cast<T *>(o), scratch);
+      return;
+    }
     RunItem<T>(items[i], a, static_cast<const T *>(q), static_cast<const T *>(kc), static_cast<const T *>(vc),
                static_cast<T *>(o), scratch);
   });

@@ -35,3 +35,34 @@ def paged_attention_ref(query, key_cache, value_cache, block_tables, context_len
                 p = np.exp(scores - scores.max())
                 out[start + i, h] = (p / p.sum()) @ values[: pos + 1, g]
     return out
+
+
+def rms_norm_ref(x, weight, eps):
+    """x [T, H], weight [H] -> [T, H] (float64)."""
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight.astype(np.float64)
+
+
+def rope_ref(x, positions, theta, interleaved):
+    """x [T, heads, D] rotated by angle position * theta^(-2i/D) per pair i (float64).
+
+    Pairs are (2i, 2i+1) when interleaved, else (i, i + D/2) (rotate-half)."""
+    x = x.astype(np.float64)
+    d = x.shape[-1]
+    angles = np.outer(positions, theta ** (-np.arange(0, d, 2) / d))[:, None, :]  # [T, 1, D/2]
+    cos, sin = np.cos(angles), np.sin(angles)
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :d // 2], x[..., d // 2:])
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    out = np.empty_like(x)
+    if interleaved:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    else:
+        out[..., :d // 2], out[..., d // 2:] = ra, rb
+    return out
+
+
+def swiglu_ref(gate_up):
+    """gate_up [T, 2I] -> silu(gate) * up [T, I] (float64, no overflow for any finite gate)."""
+    g, u = np.split(gate_up.astype(np.float64), 2, axis=-1)
+    e = np.exp(-np.abs(g))
+    return g * np.where(g >= 0, 1.0, e) / (1.0 + e) * u
