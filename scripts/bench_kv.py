@@ -134,6 +134,7 @@ def main() -> None:
     ap.add_argument("--ttft-requests", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-kernel", action="store_true", help="skip the attention-kernel table")
+    ap.add_argument("--no-batch", action="store_true", help="skip the concurrency tables (TTFT only)")
     ap.add_argument("--kernel-repeat", type=int, default=20)
     ap.add_argument("--json", default=os.path.join(ROOT, "out", "bench_kv.json"))
     args = ap.parse_args()
@@ -162,7 +163,7 @@ def main() -> None:
           f"{args.user[0]}-{args.user[1]}")
     results = {"config": vars(args), "hardware": hardware(), "kv_bytes_per_token": kv_token,
                "static_capacity": static_cap, "batch": {}, "ttft": {}}
-    for wname, (prompts, outs) in wls.items():
+    for wname, (prompts, outs) in ({} if args.no_batch else wls).items():
         print(f"\n### {wname}: {args.requests} requests, prompt tokens {sum(map(len, prompts))}, "
               f"output tokens {sum(outs)}\n")
         print("| mode | peak running | vs static | mean running while queued | KV utilisation | output tok/s | "
