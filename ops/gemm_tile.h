@@ -6,20 +6,48 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace ms_atb {
 
 constexpr int64_t kTileCols = 16;
-constexpr int64_t kTileRows = 6;  // 6 x 16 accumulators = 12 of the 16 ymm registers
+#if defined(__AVX512F__)
+constexpr int64_t kTileRows = 12;  // 12 rows of one zmm (16 floats) each: 12 of the 32 zmm registers
+#else
+constexpr int64_t kTileRows = 6;  // 6 rows of two ymm each: 12 of the 16 ymm registers
+#endif
 
 template <int MR>
 inline void GemmTile(const float *__restrict a, int64_t lda, int64_t ka, const float *__restrict b, int64_t ldb,
                      float *__restrict c, int64_t ldc, int64_t K, bool accumulate) {
-  static_assert(MR >= 1 && MR <= kTileRows, "MR must lie in [1, 6]");
-#if defined(__AVX2__) && defined(__FMA__)
+  static_assert(MR >= 1 && MR <= kTileRows, "MR must lie in [1, kTileRows]");
+#if defined(__AVX512F__)
+  // One zmm accumulator per row; A's element is broadcast straight from memory into the FMA.
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  __m512 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+#define MS_ATB_LOAD(i) \
+  if constexpr (MR > i) { \
+    if (accumulate) c##i = _mm512_loadu_ps(c + i * ldc); \
+  }
+  MS_ATB_LOAD(0) MS_ATB_LOAD(1) MS_ATB_LOAD(2) MS_ATB_LOAD(3) MS_ATB_LOAD(4) MS_ATB_LOAD(5)
+  MS_ATB_LOAD(6) MS_ATB_LOAD(7) MS_ATB_LOAD(8) MS_ATB_LOAD(9) MS_ATB_LOAD(10) MS_ATB_LOAD(11)
+#undef MS_ATB_LOAD
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(b + k * ldb);
+#define MS_ATB_ROW(i) \
+  if constexpr (MR > i) c##i = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + k * ka]), b0, c##i);
+    MS_ATB_ROW(0) MS_ATB_ROW(1) MS_ATB_ROW(2) MS_ATB_ROW(3) MS_ATB_ROW(4) MS_ATB_ROW(5)
+    MS_ATB_ROW(6) MS_ATB_ROW(7) MS_ATB_ROW(8) MS_ATB_ROW(9) MS_ATB_ROW(10) MS_ATB_ROW(11)
+#undef MS_ATB_ROW
+  }
+#define MS_ATB_STORE(i) \
+  if constexpr (MR > i) _mm512_storeu_ps(c + i * ldc, c##i);
+  MS_ATB_STORE(0) MS_ATB_STORE(1) MS_ATB_STORE(2) MS_ATB_STORE(3) MS_ATB_STORE(4) MS_ATB_STORE(5)
+  MS_ATB_STORE(6) MS_ATB_STORE(7) MS_ATB_STORE(8) MS_ATB_STORE(9) MS_ATB_STORE(10) MS_ATB_STORE(11)
+#undef MS_ATB_STORE
+#elif defined(__AVX2__) && defined(__FMA__)
   // Named accumulators (not an array) so that the compiler keeps all of them in registers.
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -65,10 +93,74 @@ inline void GemmTile(const float *__restrict a, int64_t lda, int64_t ka, const f
 #endif
 }
 
-// GemmTile for m (1..6) rows chosen at run time.
+#if defined(__AVX512F__)
+// Two panels at once: C[0:MR, 0:16] = A @ B0 and C[0:MR, 16:32] = A @ B1, B1 = b + b1_offset: each
+// broadcast of A feeds two FMAs (24 accumulators of the 32 zmm registers). A's rows are unit-stride.
+template <int MR>
+inline void GemmTile2(const float *__restrict a, int64_t lda, const float *__restrict b, int64_t b1_offset,
+                      float *__restrict c, int64_t ldc, int64_t K) {
+  static_assert(MR >= 1 && MR <= kTileRows, "MR must lie in [1, kTileRows]");
+  const float *__restrict b1 = b + b1_offset;
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  __m512 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+  __m512 d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0;
+  __m512 d6 = c0, d7 = c0, d8 = c0, d9 = c0, d10 = c0, d11 = c0;
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b0v = _mm512_loadu_ps(b + k * kTileCols), b1v = _mm512_loadu_ps(b1 + k * kTileCols);
+    __m512 x;
+#define MS_ATB_ROW(i) \
+  if constexpr (MR > i) { \
+    x = _mm512_set1_ps(a[i * lda + k]); \
+    c##i = _mm512_fmadd_ps(x, b0v, c##i); \
+    d##i = _mm512_fmadd_ps(x, b1v, d##i); \
+  }
+    MS_ATB_ROW(0) MS_ATB_ROW(1) MS_ATB_ROW(2) MS_ATB_ROW(3) MS_ATB_ROW(4) MS_ATB_ROW(5)
+    MS_ATB_ROW(6) MS_ATB_ROW(7) MS_ATB_ROW(8) MS_ATB_ROW(9) MS_ATB_ROW(10) MS_ATB_ROW(11)
+#undef MS_ATB_ROW
+  }
+#define MS_ATB_STORE(i) \
+  if constexpr (MR > i) { \
+    _mm512_storeu_ps(c + i * ldc, c##i); \
+    _mm512_storeu_ps(c + i * ldc + kTileCols, d##i); \
+  }
+  MS_ATB_STORE(0) MS_ATB_STORE(1) MS_ATB_STORE(2) MS_ATB_STORE(3) MS_ATB_STORE(4) MS_ATB_STORE(5)
+  MS_ATB_STORE(6) MS_ATB_STORE(7) MS_ATB_STORE(8) MS_ATB_STORE(9) MS_ATB_STORE(10) MS_ATB_STORE(11)
+#undef MS_ATB_STORE
+}
+
+// GemmTile2 for m (1..kTileRows) rows chosen at run time.
+inline void GemmRows2(int64_t m, const float *a, int64_t lda, const float *b, int64_t b1_offset, float *c,
+                      int64_t ldc, int64_t K) {
+  switch (m) {
+    case 12: GemmTile2<12>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 11: GemmTile2<11>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 10: GemmTile2<10>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 9: GemmTile2<9>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 8: GemmTile2<8>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 7: GemmTile2<7>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 6: GemmTile2<6>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 5: GemmTile2<5>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 4: GemmTile2<4>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 3: GemmTile2<3>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 2: GemmTile2<2>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 1: GemmTile2<1>(a, lda, b, b1_offset, c, ldc, K); break;
+    default: break;
+  }
+}
+#endif
+
+// GemmTile for m (1..kTileRows) rows chosen at run time.
 inline void GemmRows(int64_t m, const float *a, int64_t lda, int64_t ka, const float *b, int64_t ldb, float *c,
                      int64_t ldc, int64_t K, bool accumulate) {
   switch (m) {
+#if defined(__AVX512F__)
+    case 12: GemmTile<12>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
+    case 11: GemmTile<11>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
+    case 10: GemmTile<10>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
+    case 9: GemmTile<9>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
+    case 8: GemmTile<8>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
+    case 7: GemmTile<7>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
+#endif
     case 6: GemmTile<6>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
     case 5: GemmTile<5>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
     case 4: GemmTile<4>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;

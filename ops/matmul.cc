@@ -19,6 +19,11 @@ namespace {
 
 constexpr int64_t kPanel = ms_atb::kTileCols;  // columns per packed panel
 constexpr int64_t kRows = ms_atb::kTileRows;
+#if defined(__AVX512F__)
+constexpr int64_t kMinPanels = 2;
+#else
+constexpr int64_t kMinPanels = 1;
+#endif
 
 int Fail(const char *msg) {
   std::fprintf(stderr, "ms_atb PackedMatMul: %s\n", msg);
@@ -50,18 +55,25 @@ extern "C" int PackedMatMul(int nparam, void **params, int *ndims, int64_t **sha
     std::memset(y, 0, sizeof(float) * M * N);
     return 0;
   }
-  // Items: row blocks of up to 48 rows (x's block stays in L2) times column blocks of 1-4 panels,
-  // enough items to keep every thread busy.
+  // Items: row blocks of up to 8 register tiles (x's block stays in L2) times column blocks of 1-4 panels
+  // (2-4 with AVX-512, whose tile spans a pair of panels), enough items to keep every thread busy.
   ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
   const int64_t row_block = std::min<int64_t>(M, 8 * kRows);
   const int64_t row_blocks = (M + row_block - 1) / row_block;
   int64_t panels_per_item = 4;
-  while (panels_per_item > 1 && row_blocks * (P / panels_per_item) < 8 * pool.num_threads()) panels_per_item /= 2;
+  while (panels_per_item > kMinPanels && row_blocks * (P / panels_per_item) < 8 * pool.num_threads()) panels_per_item /= 2;
   const int64_t col_blocks = (P + panels_per_item - 1) / panels_per_item;
   pool.Run(row_blocks * col_blocks, [&](int64_t item) {
     const int64_t r0 = (item / col_blocks) * row_block, r1 = std::min(M, r0 + row_block);
     const int64_t p0 = (item % col_blocks) * panels_per_item, p1 = std::min(P, p0 + panels_per_item);
-    for (int64_t p = p0; p < p1; ++p)
+    int64_t p = p0;
+#if defined(__AVX512F__)
+    for (; p + 1 < p1; p += 2)  // panel pairs: one broadcast of x feeds two FMAs
+      for (int64_t r = r0; r < r1; r += kRows)
+        ms_atb::GemmRows2(std::min(kRows, r1 - r), x + r * K, K, w + p * K * kPanel, K * kPanel,
+                          y + r * N + p * kPanel, N, K);
+#endif
+    for (; p < p1; ++p)
       for (int64_t r = r0; r < r1; r += kRows)
         ms_atb::GemmRows(std::min(kRows, r1 - r), x + r * K, K, 1, w + p * K * kPanel, kPanel, y + r * N + p * kPanel, N,
                          K, false);

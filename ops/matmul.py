@@ -35,7 +35,8 @@ class PackedMatMul(nn.Cell):
     """mm(x [M, K] float32, w_packed [P, K, 16] float32) -> [M, out_features] on the CPU.
 
     Faster than MindSpore's CPU MatMul on the shapes of LLM inference (small M: decode batches):
-    6 x 16 register tiles over unit-stride panels, split over the kernels' thread pool.
+    register tiles (AVX2: 6 rows x 16 columns; AVX-512: 12 rows x a pair of 16-column panels) over
+    unit-stride panels, split over the kernels' thread pool.
     """
 
     def __init__(self, out_features: int):

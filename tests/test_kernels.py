@@ -43,10 +43,12 @@ def random_mm(rng, m, k, n):
     return rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
 
 
-# (M, K, N): every M in {1, 5, 6, 7, 33, 130}, K in {0, 1, 16, 70, 576}, N in {1, 15, 16, 17, 48, 100};
-# M 5/7/33/130 leave partial 6-row tiles, 130 spans three 48-row blocks, N 1/15/17/100 a partial panel.
+# (M, K, N): M in {1, 5, 6, 7, 11, 12, 13, 33, 130, 200}, K in {0, 1, 16, 70, 576}, N in {1, 15, 16, 17, 48, 100};
+# M 5/7/33/130 leave partial 6-row tiles (AVX2), 11/13/33/130 partial 12-row tiles (AVX-512), 130 spans
+# three 48-row blocks and 200 three 96-row blocks; N 1/15/17/100 a partial panel.
 MM_SHAPES = [(1, 1, 1), (1, 576, 100), (5, 16, 15), (5, 576, 1), (6, 16, 16), (6, 1, 48), (7, 70, 17),
-             (7, 0, 17), (33, 576, 48), (33, 16, 16), (130, 70, 100), (130, 576, 17), (130, 1, 15)]
+             (7, 0, 17), (33, 576, 48), (33, 16, 16), (130, 70, 100), (130, 576, 17), (130, 1, 15),
+             (11, 576, 33), (13, 70, 16), (12, 16, 48), (200, 576, 100)]
 
 
 @pytest.mark.parametrize("m,k,n", MM_SHAPES)

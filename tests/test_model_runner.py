@@ -42,6 +42,14 @@ def test_token_buckets():
     assert token_buckets(24) == [1, 2, 4, 8, 16, 24]
     assert token_buckets(16) == [1, 2, 4, 8, 16]
     assert token_buckets(1) == [1]
+    assert token_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert token_buckets(200) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 200]
+    assert token_buckets(512) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 320, 384, 448, 512]
+    assert token_buckets(2048)[-9:] == [512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048]
+    for cap in (1, 7, 64, 100, 513, 4096, 8192):  # sorted, distinct, end at the cap, pad above 64 by <= 25%
+        b = token_buckets(cap)
+        assert b == sorted(set(b)) and b[-1] == cap and len(b) <= 7 + 4 * max(0, (cap // 64).bit_length())
+        assert all(hi - lo <= max(64, lo // 4) for lo, hi in zip(b, b[1:]) if lo >= 64)
 
 
 def test_kv_cache_bytes_per_block(runner):
