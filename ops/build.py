@@ -64,11 +64,20 @@ def kernel_library() -> str:
     target = cache_dir() / f"ms_atb_kernels_{cache_key(compiler)}.so"
     if target.exists():
         return str(target)
+    compile_library(target)
+    return str(target)
+
+
+def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOURCES) -> None:
+    """Compile `sources` with FLAGS + extra_flags into `target`, atomically (temporary file, then rename).
+    extra_flags serve the tests, which build the AVX2 and portable paths on a CPU that has AVX-512."""
+    compiler = find_compiler()
+    target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, "-o", tmp, *(str(SOURCE_DIR / s) for s in SOURCES)]
+        cmd = [compiler, *FLAGS, *extra_flags, "-o", tmp, *(str(SOURCE_DIR / s) for s in sources)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the ms_atb kernels failed:\n{' '.join(cmd)}\n{proc.stderr}")
@@ -76,7 +85,6 @@ def kernel_library() -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return str(target)
 
 
 def aot_op(func_name: str, input_names: tuple, out_dtype):
