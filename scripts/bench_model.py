@@ -2,13 +2,17 @@
 
 Prints decode ms/step and tok/s at several batch sizes (contexts ~256), prefill tok/s of one prompt, compile
 time and graph count, the share of a decode step in attention / matmuls / the rest (timed by variants of the
-model with those parts removed), and the fraction of the CPU's fp32 roofline.
-    .venv/bin/python scripts/bench_model.py [--random] [--batches 1 8 32] [--ctx 256] [--prompt 512]
+model with those parts removed), and the fraction of the CPU's fp32 roofline; with --hf, HF transformers' step on
+the same shapes and weights, timed afterwards in the bench venv (scripts/bench_model_hf.py), and the ratios.
+    .venv/bin/python scripts/bench_model.py [--random] [--batches 1 8 32] [--ctx 256] [--prompt 512] [--hf]
 """
 import argparse
 import importlib.util
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -17,7 +21,32 @@ import numpy as np
 
 from ms_atb.model_runner import ModelRunner
 
-PEAK_GFLOPS = 190.0  # numpy BLAS fp32 on this CPU (DESIGN.md)
+
+
+def measured_peak_gflops() -> float:
+    """Best GFLOP/s of our own GEMM kernel on a hot 384 x 1536 x 3072 product (operands in cache), called
+    through its C ABI: the practical fp32 peak of this CPU for this code, the roofline the model step is
+    compared against. (numpy's OpenBLAS is no yardstick: on some CPUs it falls back to old kernels.)"""
+    import ctypes
+    from ms_atb.ops import build
+    from ms_atb.ops.matmul import pack_weight
+    lib = ctypes.CDLL(build.kernel_library())
+    rng = np.random.default_rng(0)
+    m, k, n = 384, 1536, 3072
+    x, w = rng.standard_normal((m, k), np.float32), pack_weight(rng.standard_normal((k, n), np.float32))
+    y = np.zeros((m, n), np.float32)
+    arrays = [x, w, y]
+    params = (ctypes.c_void_p * 3)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * 3)(*[a.ndim for a in arrays])
+    shapes = (ctypes.POINTER(ctypes.c_int64) * 3)(*[(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays])
+    dtypes = (ctypes.c_char_p * 3)(b"float32", b"float32", b"float32")
+    best = float("inf")
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(5):
+            lib.PackedMatMul(3, params, ndims, shapes, dtypes, None, None)
+        best = min(best, (time.perf_counter() - start) / 5)
+    return 2 * m * k * n / best / 1e9
 
 
 def smollm2_path() -> str:
@@ -66,6 +95,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--breakdown", action="store_true", help="also time variants without attention / matmuls")
+    ap.add_argument("--hf", action="store_true", help="also time HF transformers (needs .venv-bench)")
     args = ap.parse_args()
     path = "random:smollm2-shape" if args.random else smollm2_path()
     block_size, max_len = 16, max(args.ctx, args.prompt) + 16
@@ -82,18 +112,53 @@ def main():
     start = time.perf_counter()
     stats = runner.warmup()
     print(f"warmup: {stats['graphs']} graphs compiled in {stats['seconds']:.1f} s")
+    peak = measured_peak_gflops()
+    weights = sum(p.size for p in runner.model.get_parameters()
+                  if not any(x in p.name for x in ("cache", "rope", "embed_tokens")))
+    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    print(f"roofline: our GEMM kernel's best on a hot 384x1536x3072 product, {peak:.0f} GFLOP/s; a decode step "
+          f"reads {weights * 4 / 2**20:.0f} MiB of weights (lm_head included; one embedding row a token) + "
+          f"{kv_per_token / 1024:.0f} KiB of KV per context token")
+    ours = {}
     for b in args.batches:
-        sec = time_step(runner, make_step(b, args.ctx, 1, block_size, blocks_per_seq), args.repeats)
+        sec = ours[b] = time_step(runner, make_step(b, args.ctx, 1, block_size, blocks_per_seq), args.repeats)
         gflops = b * flops_per_token(c, args.ctx) / sec / 1e9
         print(f"decode  batch {b:3d} ctx {args.ctx}: {sec * 1e3:7.1f} ms/step {b / sec:7.1f} tok/s "
-              f"{gflops:6.1f} GFLOP/s ({gflops / PEAK_GFLOPS:.0%} of {PEAK_GFLOPS:.0f})")
-    sec = time_step(runner, make_step(1, args.prompt, args.prompt, block_size, blocks_per_seq),
-                    max(1, args.repeats // 3))
+              f"{gflops:6.1f} GFLOP/s ({gflops / peak:.0%} of {peak:.0f})")
+    sec = ours["prefill"] = time_step(runner, make_step(1, args.prompt, args.prompt, block_size, blocks_per_seq),
+                                      max(1, args.repeats // 3))
     gflops = args.prompt * flops_per_token(c, args.prompt // 2) / sec / 1e9
     print(f"prefill 1 x {args.prompt}: {sec * 1e3:7.1f} ms {args.prompt / sec:7.1f} tok/s "
-          f"{gflops:6.1f} GFLOP/s ({gflops / PEAK_GFLOPS:.0%} of {PEAK_GFLOPS:.0f})")
+          f"{gflops:6.1f} GFLOP/s ({gflops / peak:.0%} of {peak:.0f})")
     if args.breakdown:
         breakdown(runner, args, block_size, blocks_per_seq)
+    if args.hf:
+        compare_hf(args, ours)
+
+
+def compare_hf(args, ours) -> None:
+    """HF transformers on the same shapes, in the bench venv, after ms_atb's timings (never concurrently)."""
+    python = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-bench", "bin", "python")
+    if not os.path.exists(python):
+        print(f"HF transformers: not run ({python} missing; see requirements-bench.txt)")
+        return
+    cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_model_hf.py"), "--gguf",
+           smollm2_path(), "--ctx", str(args.ctx), "--prompt", str(args.prompt), "--repeats", str(args.repeats),
+           "--batches", *map(str, args.batches)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"HF transformers: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return
+    hf = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"HF transformers {hf['versions']['transformers']}, torch {hf['versions']['torch']} "
+          f"({hf['versions']['threads']} threads), fp32, same GGUF:")
+    for b in args.batches:
+        sec = hf["decode_ms"][str(b)] / 1e3
+        print(f"decode  batch {b:3d} ctx {args.ctx}: HF {sec * 1e3:7.1f} ms/step {b / sec:7.1f} tok/s; "
+              f"ms_atb / HF {sec / ours[b]:.2f}x")
+    sec = hf["prefill_ms"] / 1e3
+    print(f"prefill 1 x {args.prompt}: HF {sec * 1e3:7.1f} ms {args.prompt / sec:7.1f} tok/s; "
+          f"ms_atb / HF {sec / ours['prefill']:.2f}x")
 
 
 def breakdown(runner, args, block_size, blocks_per_seq):
