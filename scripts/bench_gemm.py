@@ -1,0 +1,99 @@
+"""Our PackedMatMul kernel on each instruction-set path this CPU runs, called through its C ABI (no MindSpore).
+
+Builds the kernel library as -march=native builds it (AVX-512 tile of 12 rows x a pair of 16-column panels where
+the CPU has AVX-512) and again without AVX-512 (the AVX2 6 x 16 tile), then times, alternating the variants:
+  hot:  single products with operands in cache (best of 7), SmolLM2's shapes at 32 and 512 rows;
+  step: one decode step's matmuls with cold weights: SmolLM2's 30 layers x (qkv, o, gate_up, down) + lm_head,
+        540 MB of distinct weights, more than the caches hold, at M rows (best of 5).
+    .venv/bin/python scripts/bench_gemm.py [--rows 8 32]
+"""
+import argparse
+import ctypes
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ms_atb.ops import build  # noqa: E402
+from ms_atb.ops.matmul import pack_weight  # noqa: E402
+
+HIDDEN, QKV, INTER, VOCAB, LAYERS = 576, 960, 1536, 49152, 30  # SmolLM2-135M
+
+
+def cpu_flags() -> set:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def call(lib, x, w, y) -> None:
+    arrays = (x, w, y)
+    params = (ctypes.c_void_p * 3)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * 3)(*[a.ndim for a in arrays])
+    shapes = (ctypes.POINTER(ctypes.c_int64) * 3)(*[(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays])
+    dtypes = (ctypes.c_char_p * 3)(b"float32", b"float32", b"float32")
+    if lib.PackedMatMul(3, params, ndims, shapes, dtypes, None, None) != 0:
+        raise RuntimeError("PackedMatMul failed")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[8, 32], help="M of the cold decode-step test")
+    args = ap.parse_args()
+    flags = cpu_flags()
+    variants = {"native": ()}
+    if "avx512f" in flags:
+        variants = {"native (AVX-512)": (), "AVX2 tile": ("-mno-avx512f",)}
+    tmp = tempfile.mkdtemp(prefix="ms_atb_gemm_")
+    libs = {}
+    for name, extra in variants.items():
+        path = os.path.join(tmp, f"{len(libs)}.so")
+        build.compile_library(path, extra, sources=("matmul.cc",))
+        libs[name] = ctypes.CDLL(path)
+    model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"CPU: {model}, {len(os.sched_getaffinity(0))} cores, AVX-512: {'avx512f' in flags}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    rng = np.random.default_rng(0)
+    print("\nhot (operands in cache), GFLOP/s, best of 7:")
+    for m, k, n in [(32, HIDDEN, QKV), (32, HIDDEN, 2 * INTER), (32, INTER, HIDDEN), (512, HIDDEN, 2 * INTER),
+                    (512, INTER, HIDDEN)]:
+        x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+        packed, y = pack_weight(w), np.zeros((m, -(-n // 16) * 16), np.float32)
+        best = dict.fromkeys(libs, float("inf"))
+        reps = max(3, int(1e9 / (2 * m * k * n)))
+        for lib in libs.values():
+            call(lib, x, packed, y)
+            np.testing.assert_allclose(y[:, :n], x @ w, rtol=1e-3, atol=1e-3)
+        for _ in range(7):
+            for name, lib in libs.items():
+                start = time.perf_counter()
+                for _ in range(reps):
+                    call(lib, x, packed, y)
+                best[name] = min(best[name], (time.perf_counter() - start) / reps)
+        print(f"  [{m:3d}, {k:4d}] x [{k:4d}, {n:5d}]: " +
+              "  ".join(f"{name} {2 * m * k * n / t / 1e9:6.1f}" for name, t in best.items()))
+    shapes = [(HIDDEN, QKV), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)] * LAYERS + [(HIDDEN, VOCAB)]
+    weights = [rng.standard_normal((n // 16, k, 16), np.float32) for k, n in shapes]
+    mbytes = sum(w.nbytes for w in weights) / 1e6
+    print(f"\none decode step's matmuls, cold weights ({mbytes:.0f} MB), best of 5:")
+    for m in args.rows:
+        xs = {k: rng.standard_normal((m, k), np.float32) for k in (HIDDEN, INTER)}
+        ys = {n: np.zeros((m, n), np.float32) for _, n in shapes}
+        flops = sum(2 * m * k * n for k, n in shapes)
+        best = dict.fromkeys(libs, float("inf"))
+        for _ in range(5):
+            for name, lib in libs.items():
+                start = time.perf_counter()
+                for (k, n), w in zip(shapes, weights):
+                    call(lib, xs[k], w, ys[n])
+                best[name] = min(best[name], time.perf_counter() - start)
+        print(f"  M = {m:3d}: " + "  ".join(f"{name} {t * 1e3:6.1f} ms ({flops / t / 1e9:5.1f} GFLOP/s, "
+                                            f"{mbytes / 1e3 / t:4.1f} GB/s of weights)" for name, t in best.items()))
+
+
+if __name__ == "__main__":
+    main()
