@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -63,6 +63,25 @@ inline const float *Rows(const float *src, int64_t, int64_t stride, int64_t, std
 // out[t] = dot(q, k[t * ks : t * ks + D]) for t < n.
 inline void DotRows(const float *q, const float *k, int64_t ks, int64_t n, int64_t D, float *out) {
   int64_t t = 0;
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    for (; t + 4 <= n; t += 4) {  // four tokens at once, 16 lanes per FMA
+      const float *k0 = k + t * ks, *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t d = 0; d < D; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + d), a0);
+        a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k1 + d), a1);
+        a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k2 + d), a2);
+        a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k3 + d), a3);
+      }
+      out[t] = _mm512_reduce_add_ps(a0);
+      out[t + 1] = _mm512_reduce_add_ps(a1);
+      out[t + 2] = _mm512_reduce_add_ps(a2);
+      out[t + 3] = _mm512_reduce_add_ps(a3);
+    }
+  }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 8 == 0) {
     for (; t + 4 <= n; t += 4) {  // four tokens at once: independent FMA chains, one reduction
@@ -92,6 +111,24 @@ inline void DotRows(const float *q, const float *k, int64_t ks, int64_t n, int64
 // acc[:D] += sum over t < n of p[t] * v[t * vs : t * vs + D].
 inline void AccumulateRows(const float *p, const float *v, int64_t vs, int64_t n, int64_t D, float *acc) {
   int64_t d = 0;
+#if defined(__AVX512F__)
+  for (; d + 64 <= D; d += 64) {  // 64 columns held in four zmm registers across the tokens
+    __m512 c0 = _mm512_loadu_ps(acc + d), c1 = _mm512_loadu_ps(acc + d + 16);
+    __m512 c2 = _mm512_loadu_ps(acc + d + 32), c3 = _mm512_loadu_ps(acc + d + 48);
+    for (int64_t t = 0; t < n; ++t) {
+      const __m512 pv = _mm512_set1_ps(p[t]);
+      const float *vt = v + t * vs + d;
+      c0 = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vt), c0);
+      c1 = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vt + 16), c1);
+      c2 = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vt + 32), c2);
+      c3 = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vt + 48), c3);
+    }
+    _mm512_storeu_ps(acc + d, c0);
+    _mm512_storeu_ps(acc + d + 16, c1);
+    _mm512_storeu_ps(acc + d + 32, c2);
+    _mm512_storeu_ps(acc + d + 48, c3);
+  }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
   for (; d + 32 <= D; d += 32) {  // 32 columns held in registers across the tokens
     __m256 c0 = _mm256_loadu_ps(acc + d), c1 = _mm256_loadu_ps(acc + d + 8);
