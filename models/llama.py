@@ -135,9 +135,9 @@ class LlamaAttention(nn.Cell):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device)
 
     def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc):
+                  context_lens, query_start_loc, rows):
         t = x.shape[0]
-        qkv = self.rope(self.qkv_proj(x), cos, sin, perm)  # [T, q + 2 kv], q and k rotated
+        qkv = self.rope(self.qkv_proj(x, rows), cos, sin, perm)  # [T, q + 2 kv], q and k rotated
         q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
         q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
@@ -145,7 +145,7 @@ class LlamaAttention(nn.Cell):
         written = self.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
         q = ops.depend(q, written)
         o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc)  # [T, H, D]
-        return self.o_proj(o.reshape(t, self.q_size))
+        return self.o_proj(o.reshape(t, self.q_size), rows)
 
 
 class LlamaMLP(nn.Cell):
@@ -157,8 +157,8 @@ class LlamaMLP(nn.Cell):
         self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype, device)
         self.swiglu = SwiGlu(dtype, device)
 
-    def construct(self, x):  # [T, hidden]
-        return self.down_proj(self.swiglu(self.gate_up_proj(x)))  # gate_up [T, 2 I/tp] -> [T, I/tp]
+    def construct(self, x, rows):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
+        return self.down_proj(self.swiglu(self.gate_up_proj(x, rows)), rows)  # gate_up [T, 2 I/tp] -> [T, I/tp]
 
 
 class LlamaDecoderLayer(nn.Cell):
@@ -170,10 +170,10 @@ class LlamaDecoderLayer(nn.Cell):
         self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank)
 
     def construct(self, h, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc):
+                  context_lens, query_start_loc, rows):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, perm, key_cache, value_cache,
-                               slot_mapping, block_tables, context_lens, query_start_loc)
-        return h + self.mlp(self.post_attention_layernorm(h))
+                               slot_mapping, block_tables, context_lens, query_start_loc, rows)
+        return h + self.mlp(self.post_attention_layernorm(h), rows)
 
 
 class LlamaForCausalLM(nn.Cell):
@@ -211,9 +211,11 @@ class LlamaForCausalLM(nn.Cell):
         h = ops.gather(self.embed_tokens, input_ids, 0)  # [T, hidden]
         cos = ops.gather(self.cos, positions, 0)  # [T, D]
         sin = ops.gather(self.sin, positions, 0)  # [T, D]
+        # Tokens past query_start_loc[-1] are bucket padding: the linears skip them (zero rows).
+        rows = query_start_loc[-1:]  # int32 [1]
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
-                      block_tables, context_lens, query_start_loc)
+                      block_tables, context_lens, query_start_loc, rows)
         last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
         h = self.norm(ops.gather(h, last, 0))  # [B, hidden]
         return self.lm_head(h).astype(ms.float32)  # [B, V]

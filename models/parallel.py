@@ -116,9 +116,9 @@ class _Linear(nn.Cell):
         data = pack_weight(w) if self.packed else np.ascontiguousarray(w, np.float32)
         self.weight.set_data(ms.Tensor(data, self.dtype))
 
-    def matmul(self, x):  # [T, in] -> [T, out]
+    def matmul(self, x, rows=None):  # [T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all)
         if self.packed:
-            return self.packed_matmul(x, self.weight)
+            return self.packed_matmul(x, self.weight, rows)
         return ops.matmul(x, self.weight)
 
 
@@ -132,8 +132,8 @@ class ColumnParallelLinear(_Linear):
         super().__init__(in_features, sum(out_sizes), dtype, device)
         self.out_sizes = out_sizes
 
-    def construct(self, x):  # [T, in] -> [T, out_local]
-        return self.matmul(x)
+    def construct(self, x, rows=None):  # [T, in] -> [T, out_local]
+        return self.matmul(x, rows)
 
 
 class RowParallelLinear(_Linear):
@@ -147,8 +147,8 @@ class RowParallelLinear(_Linear):
         # MindSpore's CPU collectives sum float32 only; on Ascend reduce in the model's dtype.
         self.reduce_in_fp32 = ms.get_context("device_target") == "CPU"
 
-    def construct(self, x):  # [T, in_local] -> [T, out]
-        y = self.matmul(x)
+    def construct(self, x, rows=None):  # [T, in_local] -> [T, out]
+        y = self.matmul(x, rows)
         if self.tp_size > 1:
             if self.reduce_in_fp32:
                 y = self.all_reduce(y.astype(ms.float32)).astype(x.dtype)

@@ -2,6 +2,9 @@
 // kernel streams with unit stride.
 //   x [M, K] float32; w_packed [P, K, 16] float32, panel p holding columns 16p..16p+15 of W [K, N]
 //   (zero past N) -> y [M, 16 P] float32.
+// PackedMatMulRows(x, w_packed, rows [1] int32): the same for x's first `rows` rows (clamped to [0, M]);
+// the rows past them are zero. A static-shape graph padded to its bucket passes its real token count,
+// so padding costs no multiply.
 // Work is split over (row block, column block) items on the shared thread pool; each output element
 // is one thread's dot product in k order, so results do not depend on the thread count.
 #include <algorithm>
@@ -36,21 +39,13 @@ extern "C" std::vector<int64_t> PackedMatMulInferShape(int *ndims, int64_t **sha
   return {shapes[0][0], shapes[1][0] * kPanel};
 }
 
-extern "C" int PackedMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                            void *stream, void *extra) {
-  ms_atb::KernelScope profile_scope("PackedMatMul");
-  if (nparam != 3) return Fail("expected 2 inputs and 1 output");
-  if (ndims[0] != 2 || ndims[1] != 3 || ndims[2] != 2)
-    return Fail("expected x [M, K], w_packed [P, K, 16] and y [M, 16 P]");
-  const int64_t M = shapes[0][0], K = shapes[0][1], P = shapes[1][0], N = P * kPanel;
-  if (shapes[1][1] != K || shapes[1][2] != kPanel) return Fail("w_packed must be [P, K, 16] with x's K");
-  if (shapes[2][0] != M || shapes[2][1] != N) return Fail("y must be [M, 16 P]");
-  for (int i = 0; i < 3; ++i)
-    if (ms_atb::ParseDType(dtypes[i]) != ms_atb::DType::kFloat32) return Fail("dtype must be float32");
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  float *y = static_cast<float *>(params[2]);
-  if (M == 0 || P == 0) return 0;
+namespace {
+
+int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const float *w, float *y) {
+  const int64_t N = P * kPanel;
+  if (M_total == 0 || P == 0) return 0;
+  std::memset(y + M * N, 0, sizeof(float) * (M_total - M) * N);  // rows past the valid ones
+  if (M == 0) return 0;
   if (K == 0) {
     std::memset(y, 0, sizeof(float) * M * N);
     return 0;
@@ -79,4 +74,44 @@ extern "C" int PackedMatMul(int nparam, void **params, int *ndims, int64_t **sha
                          K, false);
   });
   return 0;
+}
+
+// Validates x [M, K], w_packed [P, K, 16], (rows [1] int32,) y [M, 16 P]; `expected` = 3 or 4 params.
+int Check(int nparam, int expected, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != expected) return Fail(expected == 3 ? "expected 2 inputs and 1 output" : "expected 3 inputs, 1 output");
+  const int out = expected - 1;
+  if (ndims[0] != 2 || ndims[1] != 3 || ndims[out] != 2)
+    return Fail("expected x [M, K], w_packed [P, K, 16] and y [M, 16 P]");
+  const int64_t M = shapes[0][0], K = shapes[0][1], N = shapes[1][0] * kPanel;
+  if (shapes[1][1] != K || shapes[1][2] != kPanel) return Fail("w_packed must be [P, K, 16] with x's K");
+  if (shapes[out][0] != M || shapes[out][1] != N) return Fail("y must be [M, 16 P]");
+  for (int i : {0, 1, out})
+    if (ms_atb::ParseDType(dtypes[i]) != ms_atb::DType::kFloat32) return Fail("x, w_packed and y must be float32");
+  if (expected == 4 && (ndims[2] != 1 || shapes[2][0] != 1 || ms_atb::ParseDType(dtypes[2]) != ms_atb::DType::kInt32))
+    return Fail("rows must be int32 [1]");
+  return 0;
+}
+
+}  // namespace
+
+extern "C" std::vector<int64_t> PackedMatMulRowsInferShape(int *ndims, int64_t **shapes, void *extra) {
+  return {shapes[0][0], shapes[1][0] * kPanel};
+}
+
+extern "C" int PackedMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                            void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("PackedMatMul");
+  if (Check(nparam, 3, ndims, shapes, dtypes) != 0) return 1;
+  return Run(shapes[0][0], shapes[0][0], shapes[0][1], shapes[1][0], static_cast<const float *>(params[0]),
+             static_cast<const float *>(params[1]), static_cast<float *>(params[2]));
+}
+
+extern "C" int PackedMatMulRows(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("PackedMatMul");
+  if (Check(nparam, 4, ndims, shapes, dtypes) != 0) return 1;
+  const int64_t M = shapes[0][0];
+  const int64_t rows = std::clamp<int64_t>(*static_cast<const int32_t *>(params[2]), 0, M);
+  return Run(rows, M, shapes[0][1], shapes[1][0], static_cast<const float *>(params[0]),
+             static_cast<const float *>(params[1]), static_cast<float *>(params[3]));
 }

@@ -32,7 +32,9 @@ def unpack_weight(packed: np.ndarray, out_features: int) -> np.ndarray:
 
 
 class PackedMatMul(nn.Cell):
-    """mm(x [M, K] float32, w_packed [P, K, 16] float32) -> [M, out_features] on the CPU.
+    """mm(x [M, K] float32, w_packed [P, K, 16] float32, rows=None) -> [M, out_features] on the CPU.
+    rows (int32 [1], optional): only x's first `rows` rows are multiplied, the others give zero rows (a
+    static-shape graph padded to its bucket passes its real token count).
 
     Faster than MindSpore's CPU MatMul on the shapes of LLM inference (small M: decode batches):
     register tiles (AVX2: 6 rows x 16 columns; AVX-512: 12 rows x a pair of 16-column panels) over
@@ -46,9 +48,13 @@ class PackedMatMul(nn.Cell):
         self.out_features = out_features
         self.padded = -(-out_features // PANEL) * PANEL != out_features
         self.op = build.aot_op("PackedMatMul", ("x", "w_packed"), ms.float32)
+        self.op_rows = build.aot_op("PackedMatMulRows", ("x", "w_packed", "rows"), ms.float32)
 
-    def construct(self, x, w_packed):
-        y = self.op(x, w_packed)  # [M, 16 P]
+    def construct(self, x, w_packed, rows=None):
+        if rows is None:
+            y = self.op(x, w_packed)  # [M, 16 P]
+        else:
+            y = self.op_rows(x, w_packed, rows)  # [M, 16 P], rows past `rows` zero
         if self.padded:
             y = y[:, :self.out_features]
         return y

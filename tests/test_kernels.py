@@ -60,6 +60,18 @@ def test_packed_matmul_matches_numpy(m, k, n):
     np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5 * max(k, 1))
 
 
+@pytest.mark.parametrize("rows", [0, 1, 5, 13, 33, 40])
+def test_packed_matmul_rows_skips_padding(rows):
+    """With rows, only x's first `rows` rows are multiplied (clamped to M); the rest of y is zero, whatever x holds."""
+    rng = np.random.default_rng(rows)
+    x, w = random_mm(rng, 33, 70, 17)
+    x[rows:] = np.nan  # padding rows must not be read
+    out = run(Apply(PackedMatMul(17)), x, pack_weight(w), np.array([rows], np.int32))
+    valid = min(rows, 33)
+    np.testing.assert_allclose(out[:valid], x[:valid].astype(np.float64) @ w, rtol=1e-5, atol=1e-5 * 70)
+    assert not out[valid:].any()
+
+
 def test_packed_matmul_dynamic_shapes():
     cell = Apply(PackedMatMul(17))
     cell.set_inputs(Tensor(shape=[None, None], dtype=ms.float32), Tensor(shape=[None, None, None], dtype=ms.float32))
