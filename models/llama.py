@@ -158,7 +158,8 @@ class LlamaMLP(nn.Cell):
         self.swiglu = SwiGlu(dtype, device)
 
     def construct(self, x, rows):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
-        return self.down_proj(self.swiglu(self.gate_up_proj(x, rows)), rows)  # gate_up [T, 2 I/tp] -> [T, I/tp]
+        gate_up = self.gate_up_proj(x, rows)  # [T, 2 I/tp]
+        return self.down_proj(self.swiglu(gate_up), rows)  # swiglu: [T, I/tp]
 
 
 class LlamaDecoderLayer(nn.Cell):

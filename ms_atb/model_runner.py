@@ -2,9 +2,11 @@
 
 Graph strategy: static shapes in a small set of buckets. The token count T is padded up to a bucket
 (powers of two up to 64, then up to four per octave: see token_buckets); the batch is padded to
-min(token bucket, max_num_seqs), so there is one graph per token bucket; block tables are padded to a fixed width ceil(max_model_len /
-block_size). Padded tokens get slot -1 (no cache write), padded sequences context_len 0 and an empty query
-range (no attention). Dynamic shapes were measured slower on this CPU (see scripts/bench_model.py).
+min(token bucket, max_num_seqs), so there is one graph per token bucket; block tables are padded to a
+fixed width ceil(max_model_len / block_size). Padded tokens get slot -1 (no cache write) and are not
+multiplied by the linears (they stop at query_start_loc[-1]); padded sequences get context_len 0 and an
+empty query range (no attention). Dynamic shapes were measured slower on this CPU (see
+scripts/bench_model.py).
 """
 import math
 import time

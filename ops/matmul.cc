@@ -56,7 +56,8 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
   const int64_t row_block = std::min<int64_t>(M, 8 * kRows);
   const int64_t row_blocks = (M + row_block - 1) / row_block;
   int64_t panels_per_item = 4;
-  while (panels_per_item > kMinPanels && row_blocks * (P / panels_per_item) < 8 * pool.num_threads()) panels_per_item /= 2;
+  while (panels_per_item > kMinPanels && row_blocks * (P / panels_per_item) < 8 * pool.num_threads())
+    panels_per_item /= 2;
   const int64_t col_blocks = (P + panels_per_item - 1) / panels_per_item;
   pool.Run(row_blocks * col_blocks, [&](int64_t item) {
     const int64_t r0 = (item / col_blocks) * row_block, r1 = std::min(M, r0 + row_block);
@@ -70,15 +71,16 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
 #endif
     for (; p < p1; ++p)
       for (int64_t r = r0; r < r1; r += kRows)
-        ms_atb::GemmRows(std::min(kRows, r1 - r), x + r * K, K, 1, w + p * K * kPanel, kPanel, y + r * N + p * kPanel, N,
-                         K, false);
+        ms_atb::GemmRows(std::min(kRows, r1 - r), x + r * K, K, 1, w + p * K * kPanel, kPanel,
+                         y + r * N + p * kPanel, N, K, false);
   });
   return 0;
 }
 
 // Validates x [M, K], w_packed [P, K, 16], (rows [1] int32,) y [M, 16 P]; `expected` = 3 or 4 params.
 int Check(int nparam, int expected, int *ndims, int64_t **shapes, const char **dtypes) {
-  if (nparam != expected) return Fail(expected == 3 ? "expected 2 inputs and 1 output" : "expected 3 inputs, 1 output");
+  if (nparam != expected)
+    return Fail(expected == 3 ? "expected 2 inputs and 1 output" : "expected 3 inputs and 1 output");
   const int out = expected - 1;
   if (ndims[0] != 2 || ndims[1] != 3 || ndims[out] != 2)
     return Fail("expected x [M, K], w_packed [P, K, 16] and y [M, 16 P]");
@@ -86,8 +88,10 @@ int Check(int nparam, int expected, int *ndims, int64_t **shapes, const char **d
   if (shapes[1][1] != K || shapes[1][2] != kPanel) return Fail("w_packed must be [P, K, 16] with x's K");
   if (shapes[out][0] != M || shapes[out][1] != N) return Fail("y must be [M, 16 P]");
   for (int i : {0, 1, out})
-    if (ms_atb::ParseDType(dtypes[i]) != ms_atb::DType::kFloat32) return Fail("x, w_packed and y must be float32");
-  if (expected == 4 && (ndims[2] != 1 || shapes[2][0] != 1 || ms_atb::ParseDType(dtypes[2]) != ms_atb::DType::kInt32))
+    if (ms_atb::ParseDType(dtypes[i]) != ms_atb::DType::kFloat32)
+      return Fail("x, w_packed and y must be float32");
+  if (expected == 4 &&
+      (ndims[2] != 1 || shapes[2][0] != 1 || ms_atb::ParseDType(dtypes[2]) != ms_atb::DType::kInt32))
     return Fail("rows must be int32 [1]");
   return 0;
 }
