@@ -15,7 +15,7 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("elementwise.cc", "matmul.cc", "paged_attention.cc", "reshape_and_cache.cc")
-HEADERS = ("dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h", "thread_pool.h")
+HEADERS = ("attention_rows.h", "dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h", "thread_pool.h")
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-fno-trapping-math", "-pthread")
 
@@ -85,6 +85,20 @@ def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOUR
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def call_kernel(fn, arrays) -> int:
+    """Call kernel `fn` (a ctypes function of the library) through the aot C ABI on numpy arrays, the
+    output(s) last, without MindSpore: for the tests and benchmarks of one kernel on one code path.
+    Returns the kernel's status (0 on success)."""
+    import ctypes
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(
+        *[(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays])
+    dtypes = (ctypes.c_char_p * n)(*[a.dtype.name.encode() for a in arrays])
+    return fn(n, params, ndims, shapes, dtypes, None, None)
 
 
 def aot_op(func_name: str, input_names: tuple, out_dtype):

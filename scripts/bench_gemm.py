@@ -31,12 +31,7 @@ def cpu_flags() -> set:
 
 
 def call(lib, x, w, y) -> None:
-    arrays = (x, w, y)
-    params = (ctypes.c_void_p * 3)(*[a.ctypes.data for a in arrays])
-    ndims = (ctypes.c_int * 3)(*[a.ndim for a in arrays])
-    shapes = (ctypes.POINTER(ctypes.c_int64) * 3)(*[(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays])
-    dtypes = (ctypes.c_char_p * 3)(b"float32", b"float32", b"float32")
-    if lib.PackedMatMul(3, params, ndims, shapes, dtypes, None, None) != 0:
+    if build.call_kernel(lib.PackedMatMul, [x, w, y]) != 0:
         raise RuntimeError("PackedMatMul failed")
 
 

@@ -31,15 +31,6 @@ def library(request, tmp_path_factory):
     return ctypes.CDLL(str(path))
 
 
-def _call(fn, arrays, dtypes):
-    params = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-    ndims = (ctypes.c_int * len(arrays))(*[a.ndim for a in arrays])
-    shapes = (ctypes.POINTER(ctypes.c_int64) * len(arrays))(
-        *[(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays])
-    names = (ctypes.c_char_p * len(arrays))(*[d.encode() for d in dtypes])
-    return fn(len(arrays), params, ndims, shapes, names, None, None)
-
-
 @pytest.mark.parametrize("m,k,n", [(1, 576, 100), (5, 70, 17), (7, 16, 48), (13, 576, 33), (33, 70, 100),
                                    (130, 64, 64)])
 def test_packed_matmul_on_each_isa(library, m, k, n):
@@ -48,7 +39,7 @@ def test_packed_matmul_on_each_isa(library, m, k, n):
     w = rng.standard_normal((k, n)).astype(np.float32)
     packed = pack_weight(w)
     y = np.full((m, packed.shape[0] * 16), np.nan, np.float32)
-    assert _call(library.PackedMatMul, [x, packed, y], ["float32"] * 3) == 0
+    assert build.call_kernel(library.PackedMatMul, [x, packed, y]) == 0
     np.testing.assert_allclose(y[:, :n], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
 
 
@@ -64,7 +55,6 @@ def test_paged_attention_on_each_isa(library, queries):
     q = rng.standard_normal((int(qsl[-1]), heads, dim)).astype(np.float32)
     lens, scale = np.array(ctx, np.int32), np.array([dim ** -0.5], np.float32)
     out = np.full(q.shape, np.nan, np.float32)
-    assert _call(library.PagedAttention, [q, kc, vc, tables, lens, qsl, scale, out],
-                 ["float32"] * 3 + ["int32"] * 3 + ["float32"] * 2) == 0
+    assert build.call_kernel(library.PagedAttention, [q, kc, vc, tables, lens, qsl, scale, out]) == 0
     want = paged_attention_ref(q, kc, vc, tables, lens, qsl, float(scale[0]))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
