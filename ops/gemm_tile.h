@@ -95,16 +95,27 @@ inline void GemmTile(const float *__restrict a, int64_t lda, int64_t ka, const f
 
 #if defined(__AVX512F__)
 // Two panels at once: C[0:MR, 0:16] = A @ B0 and C[0:MR, 16:32] = A @ B1, B1 = b + b1_offset: each
-// broadcast of A feeds two FMAs (24 accumulators of the 32 zmm registers). A's rows are unit-stride.
+// broadcast of A feeds two FMAs (24 accumulators of the 32 zmm registers). A's rows are unit-stride;
+// B's panels are packed (row k of B0 at b + 16 k). accumulate: C += A @ B.
 template <int MR>
 inline void GemmTile2(const float *__restrict a, int64_t lda, const float *__restrict b, int64_t b1_offset,
-                      float *__restrict c, int64_t ldc, int64_t K) {
+                      float *__restrict c, int64_t ldc, int64_t K, bool accumulate) {
   static_assert(MR >= 1 && MR <= kTileRows, "MR must lie in [1, kTileRows]");
   const float *__restrict b1 = b + b1_offset;
   __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
   __m512 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
   __m512 d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0;
   __m512 d6 = c0, d7 = c0, d8 = c0, d9 = c0, d10 = c0, d11 = c0;
+#define MS_ATB_LOAD(i) \
+  if constexpr (MR > i) { \
+    if (accumulate) { \
+      c##i = _mm512_loadu_ps(c + i * ldc); \
+      d##i = _mm512_loadu_ps(c + i * ldc + kTileCols); \
+    } \
+  }
+  MS_ATB_LOAD(0) MS_ATB_LOAD(1) MS_ATB_LOAD(2) MS_ATB_LOAD(3) MS_ATB_LOAD(4) MS_ATB_LOAD(5)
+  MS_ATB_LOAD(6) MS_ATB_LOAD(7) MS_ATB_LOAD(8) MS_ATB_LOAD(9) MS_ATB_LOAD(10) MS_ATB_LOAD(11)
+#undef MS_ATB_LOAD
   for (int64_t k = 0; k < K; ++k) {
     const __m512 b0v = _mm512_loadu_ps(b + k * kTileCols), b1v = _mm512_loadu_ps(b1 + k * kTileCols);
     __m512 x;
@@ -130,20 +141,20 @@ inline void GemmTile2(const float *__restrict a, int64_t lda, const float *__res
 
 // GemmTile2 for m (1..kTileRows) rows chosen at run time.
 inline void GemmRows2(int64_t m, const float *a, int64_t lda, const float *b, int64_t b1_offset, float *c,
-                      int64_t ldc, int64_t K) {
+                      int64_t ldc, int64_t K, bool accumulate = false) {
   switch (m) {
-    case 12: GemmTile2<12>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 11: GemmTile2<11>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 10: GemmTile2<10>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 9: GemmTile2<9>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 8: GemmTile2<8>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 7: GemmTile2<7>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 6: GemmTile2<6>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 5: GemmTile2<5>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 4: GemmTile2<4>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 3: GemmTile2<3>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 2: GemmTile2<2>(a, lda, b, b1_offset, c, ldc, K); break;
-    case 1: GemmTile2<1>(a, lda, b, b1_offset, c, ldc, K); break;
+    case 12: GemmTile2<12>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 11: GemmTile2<11>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 10: GemmTile2<10>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 9: GemmTile2<9>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 8: GemmTile2<8>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 7: GemmTile2<7>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 6: GemmTile2<6>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 5: GemmTile2<5>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 4: GemmTile2<4>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 3: GemmTile2<3>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 2: GemmTile2<2>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 1: GemmTile2<1>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
     default: break;
   }
 }
@@ -168,6 +179,24 @@ inline void GemmRows(int64_t m, const float *a, int64_t lda, int64_t ka, const f
     case 2: GemmTile<2>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
     case 1: GemmTile<1>(a, lda, ka, b, ldb, c, ldc, K, accumulate); break;
     default: break;
+  }
+}
+
+// C[0:M, 0:16 np] (+)= A[0:M, 0:K] @ B, A's rows unit-stride, B packed as np panels [K, 16], panel p
+// at b + p * panel_stride: row tiles of kTileRows, panel pairs where the CPU has AVX-512.
+inline void PanelProduct(int64_t M, const float *a, int64_t lda, const float *b, int64_t panel_stride, int64_t np,
+                         int64_t K, float *c, int64_t ldc, bool accumulate) {
+  for (int64_t r0 = 0; r0 < M; r0 += kTileRows) {
+    const int64_t m = M - r0 < kTileRows ? M - r0 : kTileRows;
+    int64_t p = 0;
+#if defined(__AVX512F__)
+    for (; p + 1 < np; p += 2)
+      GemmRows2(m, a + r0 * lda, lda, b + p * panel_stride, panel_stride, c + r0 * ldc + p * kTileCols, ldc, K,
+                accumulate);
+#endif
+    for (; p < np; ++p)
+      GemmRows(m, a + r0 * lda, lda, 1, b + p * panel_stride, kTileCols, c + r0 * ldc + p * kTileCols, ldc, K,
+               accumulate);
   }
 }
 

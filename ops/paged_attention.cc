@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "attention_rows.h"
@@ -26,8 +27,9 @@ using ms_atb::AccumulateRows;
 using ms_atb::DotRows;
 using ms_atb::Rows;
 
-constexpr int64_t kQueryTile = 16;
+constexpr int64_t kQueryTile = 32;
 constexpr int64_t kTiledRows = 16;  // rows per kv head from which the GEMM-tiled path pays
+constexpr int64_t kSpanTokens = 48;  // cache tokens per softmax update in the GEMM-tiled path
 
 struct Item {
   int64_t seq, kv_begin, kv_end, q_begin, q_end;  // q_* index into the sequence's queries
@@ -130,27 +132,53 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
       }
 }
 
-// Many rows per kv head (prefill tiles): the two products of a block as register-tiled GEMMs.
-// S^T [ntok, RP] = K [ntok, D] @ Q^T [D, RP] (queries transposed once per item), an online softmax
-// vectorised over rows, then acc [RG, D] += P [RG, ntok] @ V [ntok, D], P read from S^T.
+// The K or V rows [ntok, D] of kv head `head` in blocks j0.. of a table, as float32 rows of stride
+// *stride: read in place when they are float32 in consecutive blocks (a contiguous table), else
+// gathered into buf.
+template <typename T>
+const float *SpanRows(const T *cache, const int32_t *table, int64_t j0, int64_t ntok, int64_t head, const Args &a,
+                      std::vector<float> &buf, int64_t *stride) {
+  const int64_t BS = a.BS, D = a.D, kv_stride = a.KVH * D;
+  const int64_t last = j0 + (ntok - 1) / BS;
+  bool consecutive = std::is_same<T, float>::value;
+  for (int64_t j = j0 + 1; consecutive && j <= last; ++j) consecutive = table[j] == table[j - 1] + 1;
+  const T *first = cache + (static_cast<int64_t>(table[j0]) * BS * a.KVH + head) * D;
+  if (consecutive) {
+    *stride = kv_stride;
+    return reinterpret_cast<const float *>(first);
+  }
+  if (buf.size() < static_cast<size_t>(ntok * D)) buf.resize(ntok * D);
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T *src = cache + ((static_cast<int64_t>(table[j0 + t / BS]) * BS + t % BS) * a.KVH + head) * D;
+    for (int64_t d = 0; d < D; ++d) buf[t * D + d] = ms_atb::ToFloat(src[d]);
+  }
+  *stride = D;
+  return buf.data();
+}
+
+// Many rows per kv head (prefill tiles): the cache is read in spans of whole blocks, about
+// kSpanTokens tokens, with one online-softmax update per span. S^T [ntok, RP] = K [ntok, D] @ Q^T
+// (queries packed once per item as 16-column panels [RP / 16, D, 16]), a softmax vectorised over
+// rows, then acc [RG, D] += P [RG, ntok] @ V [ntok, D], P read from S^T.
 template <typename T>
 void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_cache, const T *value_cache, T *out,
                   Scratch &s) {
+  constexpr int64_t kPanel = ms_atb::kTileCols;
   const int64_t G = a.H / a.KVH, D = a.D, BS = a.BS;
   const int64_t nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
-  const int64_t RG = nq * G;                                                  // rows per kv head
-  const int64_t RP = (RG + ms_atb::kTileCols - 1) / ms_atb::kTileCols * ms_atb::kTileCols;  // padded
+  const int64_t RG = nq * G;                                     // rows per kv head
+  const int64_t RP = (RG + kPanel - 1) / kPanel * kPanel;         // padded to whole panels
   const int64_t ctx = a.context_lens[it.seq];
   const int64_t seq_q = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
   const int64_t first_pos = ctx - seq_q + it.q_begin;
   const int64_t last_pos = first_pos + nq - 1;
   const int64_t row0 = a.query_start_loc[it.seq] + it.q_begin;
-  const int64_t kv_stride = a.KVH * D;
-  s.q.assign(ng * D * RP, 0.0f);   // [ng, D, RP]: scaled queries, transposed
+  const int64_t span_blocks = std::max<int64_t>(1, kSpanTokens / BS);
+  s.q.assign(ng * RP * D, 0.0f);    // [ng, RP / 16, D, 16]: scaled queries, transposed into panels
   s.acc.assign(ng * RP * D, 0.0f);  // [ng, RP, D]
   s.m.assign(ng * RP, -INFINITY);
   s.l.assign(ng * RP, 0.0f);
-  s.scores.resize(BS * RP);  // [BS, RP]
+  s.scores.resize(span_blocks * BS * RP);  // [ntok, RP]
   s.row_max.resize(RP);
   s.row_sum.resize(RP);
   s.alpha.resize(RP);
@@ -158,38 +186,26 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
   for (int64_t g = 0; g < ng; ++g)
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t h = 0; h < G; ++h) {
+        const int64_t r = i * G + h;
         const T *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
-        float *dst = s.q.data() + g * D * RP + i * G + h;
-        for (int64_t d = 0; d < D; ++d) dst[d * RP] = ms_atb::ToFloat(src[d]) * a.scale;
+        float *dst = s.q.data() + g * RP * D + (r / kPanel) * D * kPanel + r % kPanel;
+        for (int64_t d = 0; d < D; ++d) dst[d * kPanel] = ms_atb::ToFloat(src[d]) * a.scale;
       }
   const int32_t *table = a.block_tables + it.seq * a.MAXB;
   const int64_t nblocks = last_pos / BS + 1;
   float *st = s.scores.data(), *mx = s.row_max.data(), *sum = s.row_sum.data(), *alpha = s.alpha.data();
   float *valid = s.valid_f.data();
-  for (int64_t j = 0; j < nblocks; ++j) {
-    const int64_t base = j * BS;
-    const int64_t ntok = std::min(BS, last_pos + 1 - base);
+  for (int64_t j0 = 0; j0 < nblocks; j0 += span_blocks) {
+    const int64_t base = j0 * BS;
+    const int64_t ntok = std::min(std::min(nblocks, j0 + span_blocks) * BS, last_pos + 1) - base;
     for (int64_t r = 0; r < RP; ++r)
       valid[r] = r < RG ? static_cast<float>(std::min(ntok, first_pos + r / G - base + 1)) : 0.0f;
-    if (j + 1 < nblocks) {
-      const int64_t next = (static_cast<int64_t>(table[j + 1]) * BS * a.KVH + it.kv_begin) * D;
-      for (int64_t t = 0; t < BS; ++t)
-        for (int64_t e = 0; e < ng * D; e += 64 / static_cast<int64_t>(sizeof(T))) {
-          __builtin_prefetch(key_cache + next + t * kv_stride + e);
-          __builtin_prefetch(value_cache + next + t * kv_stride + e);
-        }
-    }
     for (int64_t g = 0; g < ng; ++g) {
-      const int64_t offset = (static_cast<int64_t>(table[j]) * BS * a.KVH + it.kv_begin + g) * D;
       int64_t ks, vs;
-      const float *k = Rows(key_cache + offset, ntok, kv_stride, D, s.k, &ks);
-      const float *v = Rows(value_cache + offset, ntok, kv_stride, D, s.v, &vs);
-      const float *qt = s.q.data() + g * D * RP;
+      const float *k = SpanRows(key_cache, table, j0, ntok, it.kv_begin + g, a, s.k, &ks);
+      const float *v = SpanRows(value_cache, table, j0, ntok, it.kv_begin + g, a, s.v, &vs);
       float *m = s.m.data() + g * RP, *l = s.l.data() + g * RP, *acc = s.acc.data() + g * RP * D;
-      for (int64_t t0 = 0; t0 < ntok; t0 += ms_atb::kTileRows)
-        for (int64_t p = 0; p < RP; p += ms_atb::kTileCols)
-          ms_atb::GemmRows(std::min(ms_atb::kTileRows, ntok - t0), k + t0 * ks, ks, 1, qt + p, RP, st + t0 * RP + p,
-                           RP, D, false);
+      ms_atb::PanelProduct(ntok, k, ks, s.q.data() + g * RP * D, D * kPanel, RP / kPanel, D, st, RP, false);
 #pragma omp simd
       for (int64_t r = 0; r < RP; ++r) {
         mx[r] = m[r];
@@ -226,7 +242,7 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
         }
       }
       for (int64_t r0 = 0; r0 < RG; r0 += ms_atb::kTileRows)
-        for (int64_t c = 0; c < D; c += ms_atb::kTileCols)
+        for (int64_t c = 0; c < D; c += kPanel)
           ms_atb::GemmRows(std::min(ms_atb::kTileRows, RG - r0), st + r0, 1, RP, v + c, vs, acc + r0 * D + c, D,
                            ntok, true);
     }

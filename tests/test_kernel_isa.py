@@ -43,14 +43,20 @@ def test_packed_matmul_on_each_isa(library, m, k, n):
     np.testing.assert_allclose(y[:, :n], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("bs,layout", [(16, "scattered"), (16, "contiguous"), (5, "contiguous")])
 @pytest.mark.parametrize("queries", [[1, 1, 1], [40, 1, 17]])  # decode items; GEMM-tiled prefill tiles
-def test_paged_attention_on_each_isa(library, queries):
-    rng = np.random.default_rng(len(queries) + sum(queries))
-    heads, kv_heads, dim, bs, nb = 9, 3, 64, 16, 40
+def test_paged_attention_on_each_isa(library, queries, bs, layout):
+    """Contiguous tables let the tiled path read a span of blocks in place; block size 5 makes spans
+    of 45 tokens (9 blocks) that end mid-tile."""
+    rng = np.random.default_rng(len(queries) + sum(queries) + bs)
+    heads, kv_heads, dim = 9, 3, 64
     ctx = [70, 33, 50]
+    per_seq = -(-max(ctx) // bs)
+    nb = 3 * per_seq + 5
     kc = rng.standard_normal((nb, bs, kv_heads, dim)).astype(np.float32)
     vc = rng.standard_normal((nb, bs, kv_heads, dim)).astype(np.float32)
-    tables = rng.permutation(nb)[:15].reshape(3, 5).astype(np.int32)  # scattered
+    ids = np.arange(nb) if layout == "contiguous" else rng.permutation(nb)
+    tables = ids[:3 * per_seq].reshape(3, per_seq).astype(np.int32)
     qsl = np.concatenate([[0], np.cumsum(queries)]).astype(np.int32)
     q = rng.standard_normal((int(qsl[-1]), heads, dim)).astype(np.float32)
     lens, scale = np.array(ctx, np.int32), np.array([dim ** -0.5], np.float32)
