@@ -219,7 +219,10 @@ class LlamaForCausalLM(nn.Cell):
                       block_tables, context_lens, query_start_loc, rows)
         last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
         h = self.norm(ops.gather(h, last, 0))  # [B, hidden]
-        return self.lm_head(h).astype(ms.float32)  # [B, V]
+        # Real sequences come first and own >= 1 token; padded ones own none: lm_head skips them.
+        seqs = (query_start_loc[1:] > query_start_loc[:-1]).astype(ms.int32).sum(0, keepdims=True)
+        seqs = seqs.astype(ms.int32)  # [1]: the sum may widen to int64
+        return self.lm_head(h, seqs).astype(ms.float32)  # [B, V], padded sequences' rows zero
 
     def _weight_targets(self) -> dict:
         """HF name -> (Parameter, or the linear it is a slice of; column offset in that linear or None for
