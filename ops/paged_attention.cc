@@ -5,7 +5,8 @@
 // Sequence b owns query rows query_start_loc[b]:query_start_loc[b+1], the last tokens of its
 // context_lens[b] tokens. Rows owned by no sequence are zero.
 // Work item = (sequence, tile of up to kQueryTile queries, kv heads): all query heads of a kv head
-// and all queries of the tile share one pass over K/V, with an online softmax per block.
+// and all queries of the tile share one pass over K/V, with an online softmax per block (decode
+// rows) or per span of blocks (prefill tiles: RunItemTiled).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

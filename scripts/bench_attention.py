@@ -83,7 +83,7 @@ def bench_kernel(repeat):
     rng = np.random.default_rng(0)
     kernel = Kernel()
     cases = [("decode 32 x ctx 256", [(256, 1)] * 32), ("decode 32 x ctx 1024", [(1024, 1)] * 32),
-             ("prefill 512 tokens", [(512, 512)])]
+             ("prefill 512 tokens", [(512, 512)]), ("prefill 166 after 992", [(1158, 166)])]
     print(f"{'workload':24s} {'layout':11s} {'us/call':>9s} {'GB/s K/V':>9s} {'GFLOP/s':>8s} {'scattered/contig':>17s}")
     for name, seqs in cases:
         times = {}
