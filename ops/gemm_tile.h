@@ -99,7 +99,8 @@ inline void GemmTile(const float *__restrict a, int64_t lda, int64_t ka, const f
 // B's panels are packed (row k of B0 at b + 16 k). accumulate: C += A @ B.
 template <int MR>
 inline void GemmTile2(const float *__restrict a, int64_t lda, const float *__restrict b, int64_t b1_offset,
-                      float *__restrict c, int64_t ldc, int64_t K, bool accumulate) {
+                      float *__restrict c, int64_t ldc, int64_t K, bool accumulate, const float *prefetch,
+                      int64_t prefetch_every) {
   static_assert(MR >= 1 && MR <= kTileRows, "MR must lie in [1, kTileRows]");
   const float *__restrict b1 = b + b1_offset;
   __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
@@ -117,6 +118,11 @@ inline void GemmTile2(const float *__restrict a, int64_t lda, const float *__res
   MS_ATB_LOAD(6) MS_ATB_LOAD(7) MS_ATB_LOAD(8) MS_ATB_LOAD(9) MS_ATB_LOAD(10) MS_ATB_LOAD(11)
 #undef MS_ATB_LOAD
   for (int64_t k = 0; k < K; ++k) {
+    if (prefetch != nullptr && k % prefetch_every == 0) {  // into L2: a cache line of each panel
+      const float *line = prefetch + k / prefetch_every * kTileCols;
+      _mm_prefetch(reinterpret_cast<const char *>(line), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char *>(line + b1_offset), _MM_HINT_T1);
+    }
     const __m512 b0v = _mm512_loadu_ps(b + k * kTileCols), b1v = _mm512_loadu_ps(b1 + k * kTileCols);
     __m512 x;
 #define MS_ATB_ROW(i) \
@@ -139,22 +145,25 @@ inline void GemmTile2(const float *__restrict a, int64_t lda, const float *__res
 #undef MS_ATB_STORE
 }
 
-// GemmTile2 for m (1..kTileRows) rows chosen at run time.
+// GemmTile2 for m (1..kTileRows) rows chosen at run time. prefetch (or nullptr): panel rows to pull
+// into L2 while this tile is multiplied, one row (a cache line of each panel, same layout as b) every
+// prefetch_every steps of k, so that several tiles can share the prefetching of one panel pair.
 inline void GemmRows2(int64_t m, const float *a, int64_t lda, const float *b, int64_t b1_offset, float *c,
-                      int64_t ldc, int64_t K, bool accumulate = false) {
+                      int64_t ldc, int64_t K, bool accumulate = false, const float *prefetch = nullptr,
+                      int64_t prefetch_every = 1) {
   switch (m) {
-    case 12: GemmTile2<12>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 11: GemmTile2<11>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 10: GemmTile2<10>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 9: GemmTile2<9>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 8: GemmTile2<8>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 7: GemmTile2<7>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 6: GemmTile2<6>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 5: GemmTile2<5>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 4: GemmTile2<4>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 3: GemmTile2<3>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 2: GemmTile2<2>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
-    case 1: GemmTile2<1>(a, lda, b, b1_offset, c, ldc, K, accumulate); break;
+    case 12: GemmTile2<12>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 11: GemmTile2<11>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 10: GemmTile2<10>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 9: GemmTile2<9>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 8: GemmTile2<8>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 7: GemmTile2<7>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 6: GemmTile2<6>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 5: GemmTile2<5>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 4: GemmTile2<4>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 3: GemmTile2<3>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 2: GemmTile2<2>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
+    case 1: GemmTile2<1>(a, lda, b, b1_offset, c, ldc, K, accumulate, prefetch, prefetch_every); break;
     default: break;
   }
 }

@@ -55,8 +55,10 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
   ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
   const int64_t row_block = std::min<int64_t>(M, 8 * kRows);
   const int64_t row_blocks = (M + row_block - 1) / row_block;
-  int64_t panels_per_item = 4;
-  while (panels_per_item > kMinPanels && row_blocks * (P / panels_per_item) < 8 * pool.num_threads())
+  // Wide column blocks when there are few row blocks, so an item streams several panel pairs and can
+  // prefetch the next while it multiplies one; about 4 items a thread.
+  int64_t panels_per_item = std::max<int64_t>(4, P / (4 * pool.num_threads() * row_blocks) / 2 * 2);
+  while (panels_per_item > kMinPanels && row_blocks * (P / panels_per_item) < 4 * pool.num_threads())
     panels_per_item /= 2;
   const int64_t col_blocks = (P + panels_per_item - 1) / panels_per_item;
   pool.Run(row_blocks * col_blocks, [&](int64_t item) {
@@ -64,10 +66,15 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
     const int64_t p0 = (item % col_blocks) * panels_per_item, p1 = std::min(P, p0 + panels_per_item);
     int64_t p = p0;
 #if defined(__AVX512F__)
-    for (; p + 1 < p1; p += 2)  // panel pairs: one broadcast of x feeds two FMAs
-      for (int64_t r = r0; r < r1; r += kRows)
+    const int64_t tiles = (r1 - r0 + kRows - 1) / kRows, slice = (K + tiles - 1) / tiles;
+    for (; p + 1 < p1; p += 2) {  // panel pairs: one broadcast of x feeds two FMAs
+      // The row tiles of this pair prefetch the next pair into L2, a slice of K rows each.
+      const float *next = p + 3 < p1 ? w + (p + 2) * K * kPanel : nullptr;
+      for (int64_t r = r0, t = 0; r < r1; r += kRows, ++t)
         ms_atb::GemmRows2(std::min(kRows, r1 - r), x + r * K, K, w + p * K * kPanel, K * kPanel,
-                          y + r * N + p * kPanel, N, K);
+                          y + r * N + p * kPanel, N, K, false,
+                          next != nullptr && t * slice < K ? next + t * slice * kPanel : nullptr, tiles);
+    }
 #endif
     for (; p < p1; ++p)
       for (int64_t r = r0; r < r1; r += kRows)
