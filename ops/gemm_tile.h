@@ -117,11 +117,13 @@ inline void GemmTile2(const float *__restrict a, int64_t lda, const float *__res
   MS_ATB_LOAD(0) MS_ATB_LOAD(1) MS_ATB_LOAD(2) MS_ATB_LOAD(3) MS_ATB_LOAD(4) MS_ATB_LOAD(5)
   MS_ATB_LOAD(6) MS_ATB_LOAD(7) MS_ATB_LOAD(8) MS_ATB_LOAD(9) MS_ATB_LOAD(10) MS_ATB_LOAD(11)
 #undef MS_ATB_LOAD
+  int64_t countdown = 1;  // steps of k to the next prefetch
   for (int64_t k = 0; k < K; ++k) {
-    if (prefetch != nullptr && k % prefetch_every == 0) {  // into L2: a cache line of each panel
-      const float *line = prefetch + k / prefetch_every * kTileCols;
-      _mm_prefetch(reinterpret_cast<const char *>(line), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char *>(line + b1_offset), _MM_HINT_T1);
+    if (prefetch != nullptr && --countdown == 0) {  // into L2: a cache line of each panel
+      _mm_prefetch(reinterpret_cast<const char *>(prefetch), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char *>(prefetch + b1_offset), _MM_HINT_T1);
+      prefetch += kTileCols;
+      countdown = prefetch_every;
     }
     const __m512 b0v = _mm512_loadu_ps(b + k * kTileCols), b1v = _mm512_loadu_ps(b1 + k * kTileCols);
     __m512 x;
