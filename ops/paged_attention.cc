@@ -134,17 +134,14 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
 }
 
 // The K or V rows [ntok, D] of kv head `head` in blocks j0.. of a table, as float32 rows of stride
-// *stride: read in place when they are float32 in consecutive blocks (a contiguous table), else
-// gathered into buf.
+// *stride: read in place when they are float32 and the blocks are consecutive (`consecutive`: a
+// contiguous table), else gathered into buf.
 template <typename T>
-const float *SpanRows(const T *cache, const int32_t *table, int64_t j0, int64_t ntok, int64_t head, const Args &a,
-                      std::vector<float> &buf, int64_t *stride) {
+const float *SpanRows(const T *cache, const int32_t *table, int64_t j0, int64_t ntok, bool consecutive, int64_t head,
+                      const Args &a, std::vector<float> &buf, int64_t *stride) {
   const int64_t BS = a.BS, D = a.D, kv_stride = a.KVH * D;
-  const int64_t last = j0 + (ntok - 1) / BS;
-  bool consecutive = std::is_same<T, float>::value;
-  for (int64_t j = j0 + 1; consecutive && j <= last; ++j) consecutive = table[j] == table[j - 1] + 1;
   const T *first = cache + (static_cast<int64_t>(table[j0]) * BS * a.KVH + head) * D;
-  if (consecutive) {
+  if (std::is_same<T, float>::value && consecutive) {
     *stride = kv_stride;
     return reinterpret_cast<const float *>(first);
   }
@@ -197,14 +194,17 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
   float *st = s.scores.data(), *mx = s.row_max.data(), *sum = s.row_sum.data(), *alpha = s.alpha.data();
   float *valid = s.valid_f.data();
   for (int64_t j0 = 0; j0 < nblocks; j0 += span_blocks) {
+    const int64_t j1 = std::min(nblocks, j0 + span_blocks);
     const int64_t base = j0 * BS;
-    const int64_t ntok = std::min(std::min(nblocks, j0 + span_blocks) * BS, last_pos + 1) - base;
+    const int64_t ntok = std::min(j1 * BS, last_pos + 1) - base;
+    bool consecutive = true;  // the span's blocks are one run of ids
+    for (int64_t j = j0 + 1; consecutive && j < j1; ++j) consecutive = table[j] == table[j - 1] + 1;
     for (int64_t r = 0; r < RP; ++r)
       valid[r] = r < RG ? static_cast<float>(std::min(ntok, first_pos + r / G - base + 1)) : 0.0f;
     for (int64_t g = 0; g < ng; ++g) {
       int64_t ks, vs;
-      const float *k = SpanRows(key_cache, table, j0, ntok, it.kv_begin + g, a, s.k, &ks);
-      const float *v = SpanRows(value_cache, table, j0, ntok, it.kv_begin + g, a, s.v, &vs);
+      const float *k = SpanRows(key_cache, table, j0, ntok, consecutive, it.kv_begin + g, a, s.k, &ks);
+      const float *v = SpanRows(value_cache, table, j0, ntok, consecutive, it.kv_begin + g, a, s.v, &vs);
       float *m = s.m.data() + g * RP, *l = s.l.data() + g * RP, *acc = s.acc.data() + g * RP * D;
       ms_atb::PanelProduct(ntok, k, ks, s.q.data() + g * RP * D, D * kPanel, RP / kPanel, D, st, RP, false);
 #pragma omp simd
