@@ -6,12 +6,14 @@ address (a lazy min-heap of starts). Cached free blocks (committed, refcount 0) 
 LRU queue; they are evicted into the clean ranges only when the clean blocks cannot cover
 an allocation, so the cache is never traded for contiguity.
 
-Placement (measured with scripts/bench_block_manager.py; BENCHMARKS.md § Block manager):
+Placement (measured with scripts/bench_block_manager.py and scripts/placement_variants.py;
+BENCHMARKS.md § Block manager):
 - a new prompt continues right after its cached prefix when that range has room, else takes
-  a best-fitting range from its start (the rest is its room to grow); among ranges at most
-  _FIT_SLACK blocks over the best fit it picks the one whose neighbours are expected (from
-  max_tokens) to finish when it does, so that ranges freed together merge; with no fitting
-  range it scatters: the largest range, then the lowest ranges, sweeping up small holes;
+  the lowest-addressed range at most _FIT_SLACK blocks over the best fit; when a live request
+  ends right before that range, the prompt starts 1/4 of that request's expected growth (from
+  its max_tokens) into it, so the neighbour keeps some room and the rest is the prompt's own
+  room to grow; with no fitting range it scatters: the largest range, then the lowest ranges,
+  sweeping up small holes;
 - a growing request takes last + 1 when it is clean, else the start of the lowest range no
   live request grows into, else the lowest clean block: free space drifts upward and merges.
 Every call costs O(log n) in the number of free ranges (amortised); nothing scans the pool.
@@ -27,8 +29,7 @@ import xxhash
 from ms_atb.block_placement import SizeIndex
 
 _ALLOCATIONS = ("contiguous", "scattered")
-_FIT_SLACK = 2        # a range up to this many blocks over the best fit may be chosen for its neighbours
-_FIT_CANDIDATES = 8   # ranges compared per allocation (bounds the cost)
+_FIT_SLACK = 2        # a range up to this many blocks over the best fit may be chosen for its address
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -53,6 +54,8 @@ class _Request:
 
 
 class BlockManager:
+    _left_room_divisor = 4  # a new prompt leaves the live request before it 1/4 of its expected growth
+
     def __init__(self, num_blocks: int, block_size: int = 16,
                  enable_prefix_caching: bool = False, allocation: str = "contiguous"):
         if not isinstance(num_blocks, int) or num_blocks < 1:
@@ -263,11 +266,15 @@ class BlockManager:
     def _take_new_contiguous(self, req: _Request, num_new: int) -> list[int]:
         table = req.block_ids
         start = table[-1] + 1 if table else -1
+        lo = start
         if not (start in self._starts and self._starts[start] - start >= num_new):
-            start = self._best_fit(req, num_new)
+            start = lo = self._best_fit(num_new)
+            if start is not None and start - 1 in self._tails:  # leave the request before it room
+                room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
+                lo = start + min(room, self._starts[start] - start - num_new)
         if start is not None:
-            self._carve(start, start, start + num_new)
-            return list(range(start, start + num_new))
+            self._carve(start, lo, lo + num_new)
+            return list(range(lo, lo + num_new))
         new_ids = []
         while len(new_ids) < num_new:  # no range fits: the largest range, then the lowest ones
             if new_ids:
@@ -280,23 +287,16 @@ class BlockManager:
             self._carve(s, s, s + n)
         return new_ids
 
-    def _best_fit(self, req: _Request, num_new: int) -> int | None:
-        """Start of a near-best-fitting range whose neighbours are expected to finish when req does."""
-        fits = self._by_size.near_fits(num_new, _FIT_SLACK, _FIT_CANDIDATES)
-        if len(fits) < 2 or req.max_len is None:
-            return fits[0][1] if fits else None
-        mine = _expected_left(req)
-        owner = self._owner
-        best, best_key = None, None
-        for size, start in fits:
-            score = 0.0
-            for b in (start - 1, start + size):
-                other = owner[b] if 0 <= b < self._num_blocks else None
-                if other is not None and other.max_len is not None:
-                    score += abs(_expected_left(other) - mine)
-            if best_key is None or (score, size) < best_key:
-                best, best_key = start, (score, size)
-        return best
+    def _best_fit(self, num_new: int) -> int | None:
+        """Start of the lowest range among those at most _FIT_SLACK blocks over the best fit."""
+        return self._by_size.lowest_near_fit(num_new, _FIT_SLACK)
+
+    def _growth_blocks(self, req: _Request) -> int:
+        """Blocks req is expected to append still: half its remaining max_tokens, in blocks."""
+        if req.max_len is None:
+            return 0
+        expected = len(req.token_ids) + max(0, req.max_len - len(req.token_ids)) // 2
+        return max(0, -(-expected // self._block_size) - len(req.block_ids))
 
     def _grow(self, request_id: str, req: _Request) -> None:
         if self.num_free_blocks == 0:
@@ -388,11 +388,6 @@ class BlockManager:
             if end in self._starts:
                 end = self._remove_range(end)
             self._insert_range(start, end)
-
-
-def _expected_left(req: _Request) -> float:
-    """Tokens a request is expected to generate still: half its remaining max_tokens."""
-    return max(0, req.max_len - len(req.token_ids)) / 2
 
 
 def _ascending_run(ids: list[int]) -> bool:

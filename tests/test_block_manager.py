@@ -283,12 +283,34 @@ def test_contiguous_beats_scattered_on_fragmented_pool():
 
 
 
-@pytest.mark.parametrize("max_tokens, start", [(4, 12), (100, 4), (None, 4)])
-def test_equal_fits_go_next_to_requests_expected_to_finish_alike(max_tokens, start):
-    bm = BlockManager(40, 4)
-    for rid, mt in (("a", 100), ("h1", 8), ("b", 4), ("h2", 8), ("c", 4)):
-        bm.allocate(rid, toks(0, 16), max_tokens=mt)   # a [0,4) h1 [4,8) b [8,12) h2 [12,16) c [16,20)
-    bm.free("h1")
-    bm.free("h2")                                      # two 4-holes: between a and b, between b and c
-    bm.allocate("n", toks(0, 16), max_tokens=max_tokens)
+@pytest.mark.parametrize("first_hole, start", [(5, 4), (6, 4), (7, 15)])
+def test_near_best_fits_go_to_the_lowest_address(first_hole, start):
+    bm = BlockManager(64, 4)
+    for rid, blocks in (("r0", 4), ("r1", first_hole), ("r2", 4), ("r3", 4), ("r4", 4)):
+        bm.allocate(rid, toks(0, 4 * blocks))   # no max_tokens: no room left between them
+    bm.free("r1")                               # hole [4, 4 + first_hole)
+    bm.free("r3")                               # hole of exactly 4 blocks after r2
+    assert bm.block_table("r2")[-1] + 1 == 8 + first_hole
+    bm.allocate("n", toks(0, 16))               # within 2 blocks of the best fit, the lower hole wins
     assert bm.block_table("n") == list(range(start, start + 4))
+
+
+@pytest.mark.parametrize("max_tokens, start", [(100, 7), (8, 4), (None, 4)])
+def test_new_prompt_leaves_the_request_before_it_a_quarter_of_its_expected_growth(max_tokens, start):
+    bm = BlockManager(64, 4)
+    bm.allocate("a", toks(0, 16), max_tokens=max_tokens)   # [0, 4)
+    bm.allocate("b", toks(0, 8))
+    # max_tokens=100: a is expected to reach 16 + 50 tokens = 17 blocks, 13 more; a quarter is 3
+    assert bm.block_table("b") == [start, start + 1]
+    for t in range(4 * (start - 4)):
+        bm.append_token("a", t)                            # a grows in place into that room
+    assert bm.block_table("a") == list(range(start))
+
+
+def test_left_room_never_costs_a_prompt_its_fit():
+    bm = BlockManager(12, 4)
+    bm.allocate("a", toks(0, 16), max_tokens=100)   # [0, 4)
+    bm.allocate("x", toks(0, 8))                    # [7, 9): a keeps the room [4, 7)
+    assert bm.block_table("x") == [7, 8]
+    bm.allocate("y", toks(0, 12))                   # 3 blocks: a's room is an exact fit, taken whole
+    assert bm.block_table("y") == [4, 5, 6]

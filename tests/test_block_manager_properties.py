@@ -1,10 +1,11 @@
 """Hypothesis state machine over random allocate / append / commit / free sequences."""
 from collections import Counter
 
-from hypothesis import settings, strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ms_atb.block_manager import BlockManager, NoFreeBlocksError, hash_block
+from ms_atb.block_placement import SizeIndex
 
 BS = 4
 NUM_BLOCKS = 12
@@ -27,7 +28,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def create(self, allocation):
         self.bm = BlockManager(NUM_BLOCKS, BS, enable_prefix_caching=True, allocation=allocation)
 
-    @rule(prompt=prompts, max_tokens=st.none() | st.integers(0, 20))
+    @rule(prompt=prompts, max_tokens=st.none() | st.integers(0, 100))
     @precondition(lambda self: self.bm is not None)
     def allocate(self, prompt, max_tokens):
         rid = f"r{self.next_id}"
@@ -118,3 +119,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 BlockManagerMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 6), st.integers(0, 30)), max_size=60),
+       queries=st.lists(st.tuples(st.integers(1, 7), st.integers(0, 3)), min_size=1, max_size=5))
+def test_size_index_lowest_near_fit_matches_a_scan(ops, queries):
+    index, model = SizeIndex(), {}          # model: start -> size
+    for add, size, start in ops:
+        if add and start not in model:
+            index.add(size, start)
+            model[start] = size
+        elif not add and start in model:
+            index.remove(model.pop(start), start)
+    for need, slack in queries:
+        fits = [size for size in model.values() if size >= need]
+        expected = (min(s for s, size in model.items() if min(fits) <= size <= min(fits) + slack)
+                    if fits else None)
+        assert index.lowest_near_fit(need, slack) == expected
