@@ -41,9 +41,9 @@ class NoBlocks(Exception):
 
 
 class OursAdapter:
-    def __init__(self, allocation: str, num_blocks: int, block_size: int):
+    def __init__(self, allocation: str, num_blocks: int, block_size: int, manager_cls=None):
         from ms_atb.block_manager import BlockManager, NoFreeBlocksError
-        self.bm = BlockManager(num_blocks, block_size, allocation=allocation)
+        self.bm = (manager_cls or BlockManager)(num_blocks, block_size, allocation=allocation)
         self.error = NoFreeBlocksError
 
     def allocate(self, rid, tokens, max_tokens):
@@ -70,7 +70,9 @@ class OursAdapter:
 
 
 def run_workload(adapter, mix, steps: int, seed: int = 0, num_blocks: int = 4096,
-                 block_size: int = 16) -> dict:
+                 block_size: int = 16, tell_end: bool = False) -> dict:
+    """tell_end: an oracle experiment. Each allocate gets max_tokens = 2 x the tokens the request
+    will really still generate, so the manager's estimate (half the remaining max_tokens) is exact."""
     (p_lo, p_hi), (m_lo, m_hi) = mix
     rng = random.Random(seed)
     waiting: deque = deque()
@@ -103,7 +105,7 @@ def run_workload(adapter, mix, steps: int, seed: int = 0, num_blocks: int = 4096
                 continue
             t0 = perf()
             try:
-                adapter.allocate(rid, tokens, max_tokens - gen)
+                adapter.allocate(rid, tokens, 2 * (end_at - gen) if tell_end else max_tokens - gen)
             except NoBlocks:
                 break
             t_alloc.append(perf() - t0)

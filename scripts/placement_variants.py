@@ -1,0 +1,276 @@
+"""Placement policies the block manager did not adopt, measured on the churn benchmark (issue #2).
+
+Each variant is a BlockManager subclass that changes one thing: the room a new prompt leaves the
+live request before it (`_left_room_divisor`), which range it takes (`_best_fit`), where it
+goes or scatters (`_take_new_contiguous`), or which block a growing request takes (`_grow`).
+The classic baselines (plain best fit, first fit, the article's largest range) leave no room. Everything else, the workload included,
+is scripts/bench_block_manager.py's. Two variants are oracles: the workload tells the manager how
+many tokens each request will really generate (`tell_end`), which no engine knows; they bound
+what knowing a request's lifetime can buy. Variants may scan the free ranges (O(ranges) per
+call): they are experiments, not candidates for the O(log n) manager.
+
+    .venv/bin/python scripts/placement_variants.py [--seeds 0-5] [--steps 4000] [--only a,b]
+
+Prints, per variant and mix, allocation_contiguity per seed, the mean and the mean contiguity.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from bisect import bisect_left
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from bench_block_manager import MIXES, OursAdapter, run_workload  # noqa: E402
+from ms_atb.block_manager import BlockManager, NoFreeBlocksError  # noqa: E402
+
+
+def _fits(bm, n):
+    """(size, start) of every free range of at least n blocks."""
+    return [(end - start, start) for start, end in bm._starts.items() if end - start >= n]
+
+
+def _near_fits(bm, n, slack, limit):
+    """Up to limit (size, start), smallest sizes first, of sizes in [best fit, best fit + slack]."""
+    keys, out = bm._by_size.keys, []
+    i = bisect_left(keys, n)
+    while i < len(keys) and keys[i] <= keys[bisect_left(keys, n)] + slack and len(out) < limit:
+        out.extend((keys[i], start) for start in list(bm._by_size.buckets[keys[i]])[:limit - len(out)])
+        i += 1
+    return out
+
+
+def _growth_blocks(bm, req) -> int:
+    """Blocks the request is expected to append still (half its remaining max_tokens)."""
+    if req is None or req.max_len is None:
+        return 0
+    expected = len(req.token_ids) + max(0, req.max_len - len(req.token_ids)) // 2
+    return max(0, -(-expected // bm._block_size) - len(req.block_ids))
+
+
+class NoLeftRoom(BlockManager):
+    _left_room_divisor = 1 << 30
+
+
+class LeftRoomHalf(BlockManager):
+    _left_room_divisor = 2
+
+
+class LeftRoomEighth(BlockManager):
+    _left_room_divisor = 8
+
+
+class LeftRoomWhole(BlockManager):
+    _left_room_divisor = 1
+
+
+class PreviousPolicy(NoLeftRoom):
+    """Sessions 1-4: no left room; near-best-fit ties go to the range whose neighbours are expected
+    to finish when the new request does (so that ranges freed together merge)."""
+
+    def _take_new_contiguous(self, req, num_new):
+        self._placing = req
+        return super()._take_new_contiguous(req, num_new)
+
+    def _best_fit(self, num_new):
+        req = self._placing
+        fits = _near_fits(self, num_new, 2, 8)
+        if len(fits) < 2 or req.max_len is None:
+            return fits[0][1] if fits else None
+
+        def left(r):
+            return max(0, r.max_len - len(r.token_ids)) / 2
+        best, best_key = None, None
+        for size, start in fits:
+            score = 0.0
+            for b in (start - 1, start + size):
+                other = self._owner[b] if 0 <= b < self._num_blocks else None
+                if other is not None and other.max_len is not None:
+                    score += abs(left(other) - left(req))
+            if best_key is None or (score, size) < best_key:
+                best, best_key = start, (score, size)
+        return best
+
+
+class PlainBestFit(NoLeftRoom):
+    """Best fit, first range found among the smallest; a jump takes the lowest free block."""
+
+    def _best_fit(self, num_new):
+        return self._by_size.smallest_at_least(num_new)
+
+    def _lowest_orphan_start(self):
+        return None
+
+
+class FirstFit(NoLeftRoom):
+    def _best_fit(self, num_new):
+        fits = _fits(self, num_new)
+        return min(fits, key=lambda f: f[1])[1] if fits else None
+
+
+class LargestRange(NoLeftRoom):
+    """The article's rule: a new request takes the largest free range."""
+
+    def _best_fit(self, num_new):
+        largest = self._by_size.largest()
+        return largest[1] if largest and largest[0] >= num_new else None
+
+
+class RoomForOwnGrowth(BlockManager):
+    """The smallest range that holds the prompt plus its own expected growth, else the kept rule."""
+
+    def _take_new_contiguous(self, req, num_new):
+        start = None if req.block_ids else self._by_size.smallest_at_least(num_new + _growth_blocks(self, req))
+        if start is None:
+            return super()._take_new_contiguous(req, num_new)
+        self._carve(start, start, start + num_new)
+        return list(range(start, start + num_new))
+
+
+def _take_one(bm, req, start, block):
+    """Give req the clean block `block`, cut from the range that begins at `start`."""
+    last = req.block_ids[-1]
+    bm._carve(start, block, block + 1)
+    bm._owner[block] = req
+    bm._untail(last)
+    bm._tails.add(block)
+    bm._ref_counts[block] = 1
+    req.block_ids.append(block)
+    c = bm._counters
+    c["follow_blocks"] += 1
+    c["contiguous_follow_blocks"] += block == last + 1
+
+
+class _GrowVariant(BlockManager):
+    def _grow(self, request_id, req):
+        if self.num_free_blocks == 0:
+            raise NoFreeBlocksError(f"request {request_id!r} needs a block, none free")
+        self._evict_for(1)
+        start, block = self._jump(req)
+        _take_one(self, req, start, block)
+
+
+class GrowFromSmallest(_GrowVariant):
+    """Every growth block from the smallest free range, to use up small holes."""
+
+    def _jump(self, req):
+        start = next(iter(self._by_size.buckets[self._by_size.keys[0]]))
+        return start, start
+
+
+class JumpToOrphanEnd(_GrowVariant):
+    """last + 1 when free, else the last block of the lowest range nobody grows into."""
+
+    def _jump(self, req):
+        follow = req.block_ids[-1] + 1
+        if follow in self._starts:
+            return follow, follow
+        start = self._lowest_orphan_start()
+        if start is None:
+            start = self._lowest_start()
+        return start, self._starts[start] - 1
+
+
+class ScatterSmallestFirst(BlockManager):
+    """With no fitting range, scatter from the smallest ranges up."""
+
+    def _take_new_contiguous(self, req, num_new):
+        follow = req.block_ids[-1] + 1 if req.block_ids else -1
+        if self._by_size.largest()[0] >= num_new or self._starts.get(follow, follow) - follow >= num_new:
+            return super()._take_new_contiguous(req, num_new)
+        new_ids = []
+        while len(new_ids) < num_new:
+            size = self._by_size.keys[0]
+            start = next(iter(self._by_size.buckets[size]))
+            n = min(size, num_new - len(new_ids))
+            new_ids.extend(range(start, start + n))
+            self._carve(start, start, start + n)
+        return new_ids
+
+
+class OracleExactFootprint(BlockManager):
+    """Oracle: a prompt goes where it and its real growth fit, never into a live neighbour's real growth."""
+
+    def _take_new_contiguous(self, req, num_new):
+        if req.block_ids:
+            return super()._take_new_contiguous(req, num_new)
+        own, best = _growth_blocks(self, req), None
+        for size, start in _fits(self, num_new):
+            left = self._owner[start - 1] if start > 0 and start - 1 in self._tails else None
+            keep = _growth_blocks(self, left)
+            usable = size - keep
+            if usable >= num_new + own:
+                key, lo = (0, usable - num_new - own, start), start + keep
+            elif usable >= num_new:
+                key, lo = (1, usable - num_new, start), start + keep
+            else:
+                key, lo = (2, size - num_new, start), start
+            if best is None or key < best[0]:
+                best = (key, start, lo)
+        if best is None:
+            return super()._take_new_contiguous(req, num_new)
+        _, start, lo = best
+        self._carve(start, lo, lo + num_new)
+        return list(range(lo, lo + num_new))
+
+
+# name -> (manager class, tell the manager each request's real end)
+VARIANTS = {
+    "kept policy": (BlockManager, False),
+    "previous policy (sessions 1-4)": (PreviousPolicy, False),
+    "no left room": (NoLeftRoom, False),
+    "left room 1/8": (LeftRoomEighth, False),
+    "left room 1/2": (LeftRoomHalf, False),
+    "left room 1": (LeftRoomWhole, False),
+    "plain best fit": (PlainBestFit, False),
+    "first fit": (FirstFit, False),
+    "largest range (article)": (LargestRange, False),
+    "room for own growth": (RoomForOwnGrowth, False),
+    "growth from smallest range": (GrowFromSmallest, False),
+    "jump to orphan end": (JumpToOrphanEnd, False),
+    "scatter smallest first": (ScatterSmallestFirst, False),
+    "oracle: kept policy": (BlockManager, True),
+    "oracle: previous policy": (PreviousPolicy, True),
+    "oracle: exact footprint": (OracleExactFootprint, True),
+}
+
+
+def run_variant(name: str, mix_name: str, steps: int, seed: int) -> dict:
+    cls, tell_end = VARIANTS[name]
+    return run_workload(OursAdapter("contiguous", 4096, 16, manager_cls=cls), MIXES[mix_name], steps,
+                        seed=seed, tell_end=tell_end)
+
+
+def _seeds(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0-5", help="seed range, e.g. 0-5 (default) or 3")
+    ap.add_argument("--steps", type=int, default=4000, help="steps of the churn mix (other mixes: half)")
+    ap.add_argument("--only", default=None, help="comma-separated variant names (default: all)")
+    args = ap.parse_args()
+    names = list(VARIANTS) if args.only is None else [n.strip() for n in args.only.split(",")]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    seeds = _seeds(args.seeds)
+    print(f"allocation_contiguity per seed {seeds[0]}..{seeds[-1]}, mean, and mean contiguity")
+    for mix_name in MIXES:
+        steps = args.steps if mix_name.startswith("churn") else args.steps // 2
+        print(f"\n== {mix_name}, {steps} steps ==")
+        for name in names:
+            rs = [run_variant(name, mix_name, steps, seed) for seed in seeds]
+            per_seed = " ".join(f"{r['allocation_contiguity']:.3f}" for r in rs)
+            print(f"{name:<28} {per_seed}  mean {statistics.fmean(r['allocation_contiguity'] for r in rs):.3f}"
+                  f"  contiguity {statistics.fmean(r['contiguity'] for r in rs):.3f}")
+
+
+if __name__ == "__main__":
+    main()
