@@ -10,6 +10,7 @@ what knowing a request's lifetime can buy. Variants may scan the free ranges (O(
 call): they are experiments, not candidates for the O(log n) manager.
 
     .venv/bin/python scripts/placement_variants.py [--seeds 0-5] [--steps 4000] [--only a,b]
+    .venv/bin/python scripts/placement_variants.py --pools     # kept vs previous policy on other pools
 
 Prints, per variant and mix, allocation_contiguity per seed, the mean and the mean contiguity.
 """
@@ -245,6 +246,23 @@ def run_variant(name: str, mix_name: str, steps: int, seed: int) -> dict:
                         seed=seed, tell_end=tell_end)
 
 
+# (num_blocks, block_size, prompt and max_tokens range in tokens): the churn mix on other pools
+POOLS = [(2048, 16, (16, 1024)), (8192, 16, (16, 1024)), (4096, 32, (32, 2048)), (4096, 16, (16, 2048))]
+
+
+def pool_table(names: list[str], seeds: list[int], steps: int) -> None:
+    print(f"\n== the churn workload on other pools (uniform prompt and max_tokens), {steps} steps ==")
+    for num_blocks, block_size, lengths in POOLS:
+        for name in names:
+            cls, tell_end = VARIANTS[name]
+            rs = [run_workload(OursAdapter("contiguous", num_blocks, block_size, manager_cls=cls),
+                               (lengths, lengths), steps, seed=seed, num_blocks=num_blocks,
+                               block_size=block_size, tell_end=tell_end) for seed in seeds]
+            print(f"{num_blocks} x {block_size}, {lengths[0]}-{lengths[1]} tokens  {name:<30} mean "
+                  f"{statistics.fmean(r['allocation_contiguity'] for r in rs):.3f}  seed {seeds[0]} "
+                  f"{rs[0]['allocation_contiguity']:.3f}  contiguity {statistics.fmean(r['contiguity'] for r in rs):.3f}")
+
+
 def _seeds(text: str) -> list[int]:
     lo, _, hi = text.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))
@@ -255,12 +273,17 @@ def main() -> None:
     ap.add_argument("--seeds", default="0-5", help="seed range, e.g. 0-5 (default) or 3")
     ap.add_argument("--steps", type=int, default=4000, help="steps of the churn mix (other mixes: half)")
     ap.add_argument("--only", default=None, help="comma-separated variant names (default: all)")
+    ap.add_argument("--pools", action="store_true",
+                    help="instead: the kept and previous policies on other pool sizes and length ranges")
     args = ap.parse_args()
     names = list(VARIANTS) if args.only is None else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     seeds = _seeds(args.seeds)
+    if args.pools:
+        pool_table(names if args.only else ["kept policy", "previous policy (sessions 1-4)"], seeds, args.steps)
+        return
     print(f"allocation_contiguity per seed {seeds[0]}..{seeds[-1]}, mean, and mean contiguity")
     for mix_name in MIXES:
         steps = args.steps if mix_name.startswith("churn") else args.steps // 2
