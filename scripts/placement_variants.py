@@ -3,11 +3,12 @@
 Each variant is a BlockManager subclass that changes one thing: the room a new prompt leaves the
 live request before it (`_left_room_divisor`), which range it takes (`_best_fit`), where it
 goes or scatters (`_take_new_contiguous`), or which block a growing request takes (`_grow`).
-The classic baselines (plain best fit, first fit, the article's largest range) leave no room. Everything else, the workload included,
-is scripts/bench_block_manager.py's. Two variants are oracles: the workload tells the manager how
-many tokens each request will really generate (`tell_end`), which no engine knows; they bound
-what knowing a request's lifetime can buy. Variants may scan the free ranges (O(ranges) per
-call): they are experiments, not candidates for the O(log n) manager.
+The classic baselines (plain best fit, first fit, the article's largest range) leave no room.
+Everything else, the workload included, is scripts/bench_block_manager.py's. Two variants are
+oracles: the workload tells the manager how many tokens each request will really generate
+(`tell_end`), which no engine knows; they bound what knowing a request's lifetime can buy.
+Variants may scan the free ranges (O(ranges) per call): they are experiments, not candidates for
+the O(log n) manager.
 
     .venv/bin/python scripts/placement_variants.py [--seeds 0-5] [--steps 4000] [--only a,b]
     .venv/bin/python scripts/placement_variants.py --pools     # kept vs previous policy on other pools
@@ -46,11 +47,8 @@ def _near_fits(bm, n, slack, limit):
 
 
 def _growth_blocks(bm, req) -> int:
-    """Blocks the request is expected to append still (half its remaining max_tokens)."""
-    if req is None or req.max_len is None:
-        return 0
-    expected = len(req.token_ids) + max(0, req.max_len - len(req.token_ids)) // 2
-    return max(0, -(-expected // bm._block_size) - len(req.block_ids))
+    """Blocks the request (None: no request) is expected to append still."""
+    return 0 if req is None else bm._growth_blocks(req)
 
 
 class NoLeftRoom(BlockManager):
@@ -258,9 +256,10 @@ def pool_table(names: list[str], seeds: list[int], steps: int) -> None:
             rs = [run_workload(OursAdapter("contiguous", num_blocks, block_size, manager_cls=cls),
                                (lengths, lengths), steps, seed=seed, num_blocks=num_blocks,
                                block_size=block_size, tell_end=tell_end) for seed in seeds]
-            print(f"{num_blocks} x {block_size}, {lengths[0]}-{lengths[1]} tokens  {name:<30} mean "
-                  f"{statistics.fmean(r['allocation_contiguity'] for r in rs):.3f}  seed {seeds[0]} "
-                  f"{rs[0]['allocation_contiguity']:.3f}  contiguity {statistics.fmean(r['contiguity'] for r in rs):.3f}")
+            mean_alloc = statistics.fmean(r["allocation_contiguity"] for r in rs)
+            mean_contig = statistics.fmean(r["contiguity"] for r in rs)
+            print(f"{num_blocks} x {block_size}, {lengths[0]}-{lengths[1]} tokens  {name:<30} mean {mean_alloc:.3f}"
+                  f"  seed {seeds[0]} {rs[0]['allocation_contiguity']:.3f}  contiguity {mean_contig:.3f}")
 
 
 def _seeds(text: str) -> list[int]:
