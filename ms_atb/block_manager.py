@@ -380,8 +380,14 @@ class BlockManager:
         if not self._contiguous:
             self._free_list.extend(blocks)
             return
-        for b in blocks:
-            start, end = b, b + 1
+        i, n = 0, len(blocks)
+        while i < n:  # one merge per run of consecutive ids (ascending or descending), not per block
+            j = i + 1
+            step = blocks[j] - blocks[i] if j < n and abs(blocks[j] - blocks[i]) == 1 else 0
+            while step and j < n and blocks[j] - blocks[j - 1] == step:
+                j += 1
+            start, end = min(blocks[i], blocks[j - 1]), max(blocks[i], blocks[j - 1]) + 1
+            i = j
             if start in self._ends:
                 start = self._ends[start]
                 self._remove_range(start)

@@ -91,6 +91,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if bm._contiguous:
             for s, e in bm._starts.items():
                 free.update(range(s, e))
+                assert bm._ends[e] == s and s in bm._by_size.buckets[e - s]
+                assert s not in bm._ends and e not in bm._starts   # ranges are maximal: merged on free
+            assert len(bm._ends) == len(bm._starts)
         else:
             free.update(bm._free_list)
         assert bm.num_free_blocks == len(free)                # no id listed twice
