@@ -381,12 +381,11 @@ class BlockManager:
             self._free_list.extend(blocks)
             return
         i, n = 0, len(blocks)
-        while i < n:  # one merge per run of consecutive ids (ascending or descending), not per block
+        while i < n:  # free passes a table tail first: one merge per descending run of ids, not per block
             j = i + 1
-            step = blocks[j] - blocks[i] if j < n and abs(blocks[j] - blocks[i]) == 1 else 0
-            while step and j < n and blocks[j] - blocks[j - 1] == step:
+            while j < n and blocks[j] == blocks[j - 1] - 1:
                 j += 1
-            start, end = min(blocks[i], blocks[j - 1]), max(blocks[i], blocks[j - 1]) + 1
+            start, end = blocks[j - 1], blocks[i] + 1
             i = j
             if start in self._ends:
                 start = self._ends[start]

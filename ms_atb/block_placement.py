@@ -38,10 +38,6 @@ class SizeIndex:
             del self.heaps[key]
             del self.keys[bisect_left(self.keys, key)]
 
-    def smallest_at_least(self, key: int) -> int | None:
-        i = bisect_left(self.keys, key)
-        return next(iter(self.buckets[self.keys[i]])) if i < len(self.keys) else None
-
     def lowest_near_fit(self, key: int, slack: int) -> int | None:
         """The lowest start among ranges of sizes in [best fit, best fit + slack]; None if none fits."""
         keys = self.keys

@@ -36,6 +36,13 @@ def _fits(bm, n):
     return [(end - start, start) for start, end in bm._starts.items() if end - start >= n]
 
 
+def _smallest_at_least(bm, n):
+    """Start of the first range (in insertion order) of the smallest size >= n, or None."""
+    keys = bm._by_size.keys
+    i = bisect_left(keys, n)
+    return next(iter(bm._by_size.buckets[keys[i]])) if i < len(keys) else None
+
+
 def _near_fits(bm, n, slack, limit):
     """Up to limit (size, start), smallest sizes first, of sizes in [best fit, best fit + slack]."""
     keys, out = bm._by_size.keys, []
@@ -99,7 +106,7 @@ class PlainBestFit(NoLeftRoom):
     """Best fit, first range found among the smallest; a jump takes the lowest free block."""
 
     def _best_fit(self, num_new):
-        return self._by_size.smallest_at_least(num_new)
+        return _smallest_at_least(self, num_new)
 
     def _lowest_orphan_start(self):
         return None
@@ -123,7 +130,7 @@ class RoomForOwnGrowth(BlockManager):
     """The smallest range that holds the prompt plus its own expected growth, else the kept rule."""
 
     def _take_new_contiguous(self, req, num_new):
-        start = None if req.block_ids else self._by_size.smallest_at_least(num_new + _growth_blocks(self, req))
+        start = None if req.block_ids else _smallest_at_least(self, num_new + _growth_blocks(self, req))
         if start is None:
             return super()._take_new_contiguous(req, num_new)
         self._carve(start, start, start + num_new)
