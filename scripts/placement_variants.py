@@ -181,6 +181,58 @@ class JumpToOrphanEnd(_GrowVariant):
         return start, self._starts[start] - 1
 
 
+class JumpToTopRoom(_GrowVariant):
+    """last + 1 when free, else the top of the lowest range nobody grows into, leaving the request
+    its expected growth as room above it (the range's bottom stays whole, as with the orphan end)."""
+
+    def _jump(self, req):
+        follow = req.block_ids[-1] + 1
+        if follow in self._starts:
+            return follow, follow
+        start = self._lowest_orphan_start()
+        if start is None:
+            start = self._lowest_start()
+        return start, max(start, self._starts[start] - max(1, self._growth_blocks(req)))
+
+
+def _near_fit_slack(slack):
+    class NearFitSlack(BlockManager):
+        def _best_fit(self, num_new):
+            return self._by_size.lowest_near_fit(num_new, slack)
+    NearFitSlack.__name__ = f"NearFitSlack{slack}"
+    return NearFitSlack
+
+
+class TwoEnded(BlockManager):
+    """Large prompts (32+ blocks, half the largest) take the highest-addressed near fit, small ones
+    the lowest: size classes kept apart so that large requests free large neighbouring ranges."""
+
+    def _best_fit(self, num_new):
+        if num_new < 32:
+            return super()._best_fit(num_new)
+        keys = self._by_size.keys
+        i = bisect_left(keys, num_new)
+        if i == len(keys):
+            return None
+        sizes = [k for k in keys[i:] if k <= keys[i] + 2]
+        return max(max(self._by_size.buckets[k]) for k in sizes)
+
+
+class AlignedInOrphans(BlockManager):
+    """A prompt in a range nobody grows into starts at a multiple of 16 blocks when it still fits
+    there (buddy-style alignment, so that neighbours freed together merge into aligned ranges)."""
+
+    def _take_new_contiguous(self, req, num_new):
+        start = self._best_fit(num_new) if not req.block_ids else None
+        if start is None or start - 1 in self._tails:
+            return super()._take_new_contiguous(req, num_new)
+        lo = -(-start // 16) * 16
+        if lo + num_new > self._starts[start]:
+            lo = start
+        self._carve(start, lo, lo + num_new)
+        return list(range(lo, lo + num_new))
+
+
 class ScatterSmallestFirst(BlockManager):
     """With no fitting range, scatter from the smallest ranges up."""
 
@@ -238,6 +290,11 @@ VARIANTS = {
     "room for own growth": (RoomForOwnGrowth, False),
     "growth from smallest range": (GrowFromSmallest, False),
     "jump to orphan end": (JumpToOrphanEnd, False),
+    "jump to top room": (JumpToTopRoom, False),
+    "near-fit slack 0": (_near_fit_slack(0), False),
+    "near-fit slack 8": (_near_fit_slack(8), False),
+    "two-ended (large high)": (TwoEnded, False),
+    "aligned in orphans (16)": (AlignedInOrphans, False),
     "scatter smallest first": (ScatterSmallestFirst, False),
     "oracle: kept policy": (BlockManager, True),
     "oracle: previous policy": (PreviousPolicy, True),
