@@ -189,18 +189,29 @@ def main() -> None:
     print(f"\n### TTFT: {args.ttft_requests} requests one after another ({args.system_len}-token system prompt + "
           f"user {args.user[0]}-{args.user[1]}; lengths {[len(p) for p in seq_prompts]}), max_tokens 1; median of "
           f"{args.ttft_repeats} runs from an empty cache\n")
+    # The arithmetic floor of the ratio: prefill FLOPs of each next request over the first's (cost_model.py:
+    # linears per token, attention per (query, context) pair), i.e. the ratio an engine running every
+    # matmul and attention at one speed would measure.
+    from ms_atb.cost_model import THIS_CPU, CostModel, ModelShape
+    cm = CostModel(ModelShape.from_config(llm.model_config, 4), THIS_CPU)
+
+    def flops(computed, prompt):
+        return cm.cost([computed], [len(prompt)], 1).flops
     print("| mode | TTFT 1st ms | TTFT of each next ms | each next / 1st (max) | max ratio in each run | "
-          "prefill computed per request | only the tail past the cached whole blocks? |")
-    print("|---|---|---|---|---|---|---|")
+          "FLOPs of each next / 1st | prefill computed per request | only the tail past the cached whole blocks? |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in MODES:
         r = results["ttft"][mode] = run_ttft(llm, mode, seq_prompts, args.num_blocks, bs, args.system_len,
                                              args.ttft_repeats)
         first, nxt = r["ttft_ms"][0], r["ttft_ms"][1:]
         ratios = [t / first for t in nxt]
         per_run = [max(t / run[0] for t in run[1:]) for run in r["ttft_ms_runs"]]
+        work = [flops(c, p) for c, p in zip(r["computed"], seq_prompts)]
+        r["flop_ratio"] = [w / work[0] for w in work[1:]]
         print(f"| {mode} | {first:.0f} | {', '.join(f'{t:.0f}' for t in nxt)} | "
               f"{', '.join(f'{x:.1%}' for x in ratios)} ({max(ratios):.1%}) | "
-              f"{', '.join(f'{x:.1%}' for x in per_run)} | {r['computed']} | "
+              f"{', '.join(f'{x:.1%}' for x in per_run)} | {', '.join(f'{x:.1%}' for x in r['flop_ratio'])} | "
+              f"{r['computed']} | "
               f"{'yes' if r['computed'] == r['expected'] else 'NO, expected ' + str(r['expected'])} |", flush=True)
 
     if not args.no_kernel:
