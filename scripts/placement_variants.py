@@ -178,21 +178,18 @@ class JumpToOrphanEnd(_GrowVariant):
         start = self._lowest_orphan_start()
         if start is None:
             start = self._lowest_start()
-        return start, self._starts[start] - 1
+        return start, max(start, self._starts[start] - self._blocks_below_end(req))
+
+    def _blocks_below_end(self, req):
+        return 1
 
 
-class JumpToTopRoom(_GrowVariant):
-    """last + 1 when free, else the top of the lowest range nobody grows into, leaving the request
-    its expected growth as room above it (the range's bottom stays whole, as with the orphan end)."""
+class JumpToTopRoom(JumpToOrphanEnd):
+    """As JumpToOrphanEnd, but the request lands its expected growth below the range's end, so it has
+    room to grow in place (the range's bottom still stays whole)."""
 
-    def _jump(self, req):
-        follow = req.block_ids[-1] + 1
-        if follow in self._starts:
-            return follow, follow
-        start = self._lowest_orphan_start()
-        if start is None:
-            start = self._lowest_start()
-        return start, max(start, self._starts[start] - max(1, self._growth_blocks(req)))
+    def _blocks_below_end(self, req):
+        return max(1, self._growth_blocks(req))
 
 
 def _near_fit_slack(slack):

@@ -4,26 +4,12 @@ The variants override private placement hooks; a variant that lost or double-cou
 would make its benchmark figures meaningless, so each one runs a short churn workload here and
 the pool is checked block by block afterwards.
 """
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
-SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+from scripts_import import load_script
 
-
-def _load(name):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-variants = _load("placement_variants")
-bench = _load("bench_block_manager")
+variants = load_script("placement_variants")
+bench = load_script("bench_block_manager")
 
 
 @pytest.mark.parametrize("name", list(variants.VARIANTS))
