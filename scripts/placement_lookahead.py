@@ -1,0 +1,240 @@
+"""What knowing the future buys on the churn benchmark (issue #2): a lookahead placement planner.
+
+At each new prompt that more than one free range could hold, the planner tries candidate placements
+(the five smallest fitting ranges and the two largest, each at its start and, after a live tail, at
+the kept policy's room), rolls the workload forward `--horizon` steps from each with the kept policy,
+and keeps the candidate whose rollout scattered the fewest allocations (ties: the kept policy's choice).
+What the rollouts know is `--future`:
+- exact: the real future, i.e. the next arrivals and when every running request ends (clairvoyant);
+- sampled: futures drawn from the workload's own distributions (`--samples` of them, the same draws for
+  every candidate): more than an engine knows, which has neither the arrival mix nor the end law;
+- ends / arrivals: the real ends with sampled arrivals, or the real arrivals with sampled ends.
+ChurnSim replays scripts/bench_block_manager.py's churn loop step for step (same random draws), so
+with no planner it reproduces that benchmark's figures exactly (tests/test_placement_lookahead.py).
+
+    .venv/bin/python scripts/placement_lookahead.py [--future exact] [--seeds 0-1] [--steps 4000]
+        [--horizon 200] [--samples 8]      # exact: ~2 min per seed; sampled: ~samples x that
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from collections import deque
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from ms_atb.block_manager import BlockManager, NoFreeBlocksError, _Request  # noqa: E402
+from ms_atb.block_placement import SizeIndex  # noqa: E402
+
+
+class PlacedManager(BlockManager):
+    """The kept policy, except that the next new prompt may be put at a given (range start, first block)."""
+    force = None
+
+    def _take_new_contiguous(self, req, num_new):
+        force, self.force = self.force, None
+        if force is None or req.block_ids:
+            return super()._take_new_contiguous(req, num_new)
+        start, lo = force
+        self._carve(start, lo, lo + num_new)
+        return list(range(lo, lo + num_new))
+
+    def clone(self) -> "PlacedManager":
+        """An independent copy (no prefix caching here: cache structures are shared, they stay empty)."""
+        new = PlacedManager.__new__(PlacedManager)
+        new.__dict__.update(self.__dict__)
+        copies = {}
+        for rid, r in self._requests.items():
+            c = _Request.__new__(_Request)
+            c.block_ids, c.token_ids = r.block_ids[:], r.token_ids[:]
+            c.num_hashed, c.last_hash, c.max_len = r.num_hashed, r.last_hash, r.max_len
+            copies[id(r)] = c
+        new._requests = {rid: copies[id(r)] for rid, r in self._requests.items()}
+        new._owner = [None if o is None else copies[id(o)] for o in self._owner]
+        new._ref_counts = self._ref_counts[:]
+        new._starts, new._ends = dict(self._starts), dict(self._ends)
+        index = SizeIndex()
+        index.buckets = {k: dict(v) for k, v in self._by_size.buckets.items()}
+        index.heaps = {k: v[:] for k, v in self._by_size.heaps.items()}
+        index.keys = self._by_size.keys[:]
+        new._by_size = index
+        new._start_heap, new._orphan_heap = self._start_heap[:], self._orphan_heap[:]
+        new._tails, new._counters = set(self._tails), dict(self._counters)
+        return new
+
+
+class ChurnSim:
+    """bench_block_manager.run_workload as a steppable, copyable state; requests are
+    [id, tokens so far, generated, end_at, max_tokens]."""
+
+    def __init__(self, seed: int, num_blocks: int = 4096, block_size: int = 16,
+                 mix=((16, 1024), (16, 1024))):
+        self.rng = random.Random(seed)
+        self.mix, self.block_size = mix, block_size
+        self.bm = PlacedManager(num_blocks, block_size)
+        self.waiting: deque = deque()
+        self.running: dict = {}
+        self.next_id = 0
+
+    def copy(self) -> "ChurnSim":
+        new = ChurnSim.__new__(ChurnSim)
+        new.rng = random.Random()
+        new.rng.setstate(self.rng.getstate())
+        new.mix, new.block_size, new.next_id = self.mix, self.block_size, self.next_id
+        new.bm = self.bm.clone()
+        new.waiting = deque(w[:] for w in self.waiting)
+        new.running = {k: v[:] for k, v in self.running.items()}
+        return new
+
+    def _new_request(self) -> list:
+        (p_lo, p_hi), (m_lo, m_hi) = self.mix
+        prompt_len, max_tokens = self.rng.randint(p_lo, p_hi), self.rng.randint(m_lo, m_hi)
+        self.next_id += 1
+        return [f"r{self.next_id}", prompt_len, 0, self.rng.randint(1, max_tokens), max_tokens]
+
+    def step(self, planner=None) -> None:
+        bm, bs = self.bm, self.block_size
+        while bm.stats()["usage"] < 0.9:                      # admission
+            if not self.waiting:
+                self.waiting.append(self._new_request())
+            rid, ntok, gen, end_at, max_tokens = self.waiting[0]
+            if ntok > bm.num_blocks * bs:
+                self.waiting.popleft()
+                continue
+            bm.force = planner(self) if planner is not None else None
+            try:
+                bm.allocate(rid, list(range(ntok)), max_tokens - gen)
+            except NoFreeBlocksError:
+                bm.force = None
+                break
+            self.running[rid] = self.waiting.popleft()[1:]
+        for rid in list(self.running):                        # every running request appends a token
+            if rid not in self.running:
+                continue
+            state = self.running[rid]
+            while True:
+                try:
+                    bm.append_token(rid, 7)
+                    break
+                except NoFreeBlocksError:                     # preempt the newest
+                    newest = next(reversed(self.running))
+                    bm.free(newest)
+                    self.waiting.appendleft([newest] + self.running.pop(newest))
+                    if newest == rid:
+                        break
+            if rid not in self.running:
+                continue
+            state[0] += 1
+            state[1] += 1
+            if state[1] >= state[2]:
+                bm.free(rid)
+                del self.running[rid]
+
+    def scattered(self) -> int:
+        c = self.bm._counters
+        return c["multi_block_allocations"] - c["contiguous_allocations"]
+
+    def resample(self, draw: random.Random, ends: bool, arrivals: bool) -> None:
+        """Replace the real future by one drawn from the workload's distributions."""
+        if ends:
+            for state in self.running.values():               # still running: ends uniform in (gen, max]
+                state[2] = draw.randint(state[1] + 1, max(state[1] + 1, state[3]))
+            for w in self.waiting:
+                w[3] = draw.randint(w[2] + 1, max(w[2] + 1, w[4]))
+        if arrivals:
+            self.rng = random.Random(draw.random())
+
+
+def kept_placement(sim: ChurnSim, num_new: int):
+    bm = sim.bm
+    start = bm._best_fit(num_new)
+    if start is None:
+        return None
+    lo = start
+    if start - 1 in bm._tails:
+        room = bm._growth_blocks(bm._owner[start - 1]) // bm._left_room_divisor
+        lo = start + min(room, bm._starts[start] - start - num_new)
+    return start, lo
+
+
+def candidates(sim: ChurnSim, num_new: int) -> list:
+    bm = sim.bm
+    fits = sorted((end - start, start) for start, end in bm._starts.items() if end - start >= num_new)
+    if len(fits) < 2:
+        return []
+    out = []
+    for size, start in dict.fromkeys(fits[:5] + fits[-2:]):
+        out.append((start, start))
+        if start - 1 in bm._tails:
+            room = bm._growth_blocks(bm._owner[start - 1]) // bm._left_room_divisor
+            if room:
+                out.append((start, start + min(room, size - num_new)))
+    return out
+
+
+def make_planner(future: str, horizon: int, samples: int):
+    ends, arrivals = {"exact": (False, False), "sampled": (True, True), "ends": (False, True),
+                      "arrivals": (True, False)}[future]
+    reps = 1 if future == "exact" else samples
+
+    def planner(sim: ChurnSim):
+        num_new = -(-sim.waiting[0][1] // sim.block_size)
+        cands = candidates(sim, num_new) if num_new >= 2 else []
+        if not cands:
+            return None
+        kept = kept_placement(sim, num_new)
+        best, best_score = kept, None
+        for cand in [kept] + [c for c in cands if c != kept]:
+            score = 0
+            for rep in range(reps):
+                trial = sim.copy()
+                if future != "exact":
+                    trial.resample(random.Random(hash((sim.next_id, len(sim.running), rep))), ends, arrivals)
+                before = trial.scattered()
+                rid, ntok, gen, _, max_tokens = request = trial.waiting.popleft()
+                trial.bm.force = cand
+                trial.bm.allocate(rid, list(range(ntok)), max_tokens - gen)
+                trial.running[rid] = request[1:]
+                for _ in range(horizon):
+                    trial.step()
+                score += trial.scattered() - before
+            if best_score is None or score < best_score:
+                best, best_score = cand, score
+        return best
+    return planner
+
+
+def run(seed: int, steps: int, planner=None) -> dict:
+    sim = ChurnSim(seed)
+    for _ in range(steps):
+        sim.step(planner)
+    s = sim.bm.stats()
+    return dict(allocation_contiguity=s["allocation_contiguity"], contiguity=s["contiguity"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--future", choices=("exact", "sampled", "ends", "arrivals"), default="exact")
+    ap.add_argument("--seeds", default="0-1", help="seed range, e.g. 0-1 (default) or 3")
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--horizon", type=int, default=200, help="steps each rollout looks ahead")
+    ap.add_argument("--samples", type=int, default=8, help="drawn futures per candidate (not for exact)")
+    args = ap.parse_args()
+    lo, _, hi = args.seeds.partition("-")
+    print(f"churn workload, {args.steps} steps; lookahead: future {args.future}, horizon {args.horizon}"
+          + ("" if args.future == "exact" else f", {args.samples} samples"))
+    for seed in range(int(lo), int(hi or lo) + 1):
+        kept = run(seed, args.steps)
+        t0 = time.perf_counter()
+        plan = run(seed, args.steps, make_planner(args.future, args.horizon, args.samples))
+        print(f"seed {seed}: kept policy {kept['allocation_contiguity']:.3f} (contiguity {kept['contiguity']:.3f});"
+              f" lookahead {plan['allocation_contiguity']:.3f} (contiguity {plan['contiguity']:.3f})"
+              f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
