@@ -3,7 +3,8 @@
 One engine is built (graphs compiled) once; LLM.reset_scheduler() switches the mode and empties the KV cache
 between runs. Every step the scheduler's state is sampled: running requests, tokens held, slots reserved
 (static: running x ceil(max_model_len / 16) x 16; paged: distinct blocks held x 16, a shared block counted
-once). TTFT: requests submitted one after another, each once the previous has finished.
+once). TTFT: requests submitted one after another, each once the previous has finished; beside each ratio,
+the same ratio of prefill FLOPs (its floor at uniform efficiency).
     .venv/bin/python scripts/bench_kv.py [--num-blocks 512] [--requests 16] [--no-kernel]
 """
 import argparse
