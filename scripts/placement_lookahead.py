@@ -13,7 +13,8 @@ ChurnSim replays scripts/bench_block_manager.py's churn loop step for step (same
 with no planner it reproduces that benchmark's figures exactly (tests/test_placement_lookahead.py).
 
     .venv/bin/python scripts/placement_lookahead.py [--future exact] [--seeds 0-1] [--steps 4000]
-        [--horizon 200] [--samples 8]      # exact: ~2 min per seed; sampled: ~samples x that
+        [--horizon 200] [--samples 8] [--mix churn|short-heavy|long-heavy]
+    # exact: ~2 min per churn seed; sampled: ~samples x that
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from collections import deque
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from bench_block_manager import MIXES  # noqa: E402
 
 from ms_atb.block_manager import BlockManager, NoFreeBlocksError, _Request  # noqa: E402
 from ms_atb.block_placement import SizeIndex  # noqa: E402
@@ -208,8 +212,8 @@ def make_planner(future: str, horizon: int, samples: int):
     return planner
 
 
-def run(seed: int, steps: int, planner=None) -> dict:
-    sim = ChurnSim(seed)
+def run(seed: int, steps: int, planner=None, mix=((16, 1024), (16, 1024))) -> dict:
+    sim = ChurnSim(seed, mix=mix)
     for _ in range(steps):
         sim.step(planner)
     s = sim.bm.stats()
@@ -219,18 +223,21 @@ def run(seed: int, steps: int, planner=None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--future", choices=("exact", "sampled", "ends", "arrivals"), default="exact")
+    ap.add_argument("--mix", choices=[name.split()[0] for name in MIXES], default="churn",
+                    help="length mix of scripts/bench_block_manager.py (default: churn, the issue's)")
     ap.add_argument("--seeds", default="0-1", help="seed range, e.g. 0-1 (default) or 3")
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--horizon", type=int, default=200, help="steps each rollout looks ahead")
     ap.add_argument("--samples", type=int, default=8, help="drawn futures per candidate (not for exact)")
     args = ap.parse_args()
     lo, _, hi = args.seeds.partition("-")
-    print(f"churn workload, {args.steps} steps; lookahead: future {args.future}, horizon {args.horizon}"
+    mix_name = next(name for name in MIXES if name.split()[0] == args.mix)
+    print(f"{mix_name} workload, {args.steps} steps; lookahead: future {args.future}, horizon {args.horizon}"
           + ("" if args.future == "exact" else f", {args.samples} samples"))
     for seed in range(int(lo), int(hi or lo) + 1):
-        kept = run(seed, args.steps)
+        kept = run(seed, args.steps, mix=MIXES[mix_name])
         t0 = time.perf_counter()
-        plan = run(seed, args.steps, make_planner(args.future, args.horizon, args.samples))
+        plan = run(seed, args.steps, make_planner(args.future, args.horizon, args.samples), MIXES[mix_name])
         print(f"seed {seed}: kept policy {kept['allocation_contiguity']:.3f} (contiguity {kept['contiguity']:.3f});"
               f" lookahead {plan['allocation_contiguity']:.3f} (contiguity {plan['contiguity']:.3f})"
               f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
