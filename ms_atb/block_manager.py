@@ -268,10 +268,8 @@ class BlockManager:
         start = table[-1] + 1 if table else -1
         lo = start
         if not (start in self._starts and self._starts[start] - start >= num_new):
-            start = lo = self._best_fit(num_new)
-            if start is not None and start - 1 in self._tails:  # leave the request before it room
-                room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
-                lo = start + min(room, self._starts[start] - start - num_new)
+            start = self._best_fit(num_new)
+            lo = None if start is None else self._first_block_in(start, num_new)
         if start is not None:
             self._carve(start, lo, lo + num_new)
             return list(range(lo, lo + num_new))
@@ -286,6 +284,14 @@ class BlockManager:
             new_ids.extend(range(s, s + n))
             self._carve(s, s, s + n)
         return new_ids
+
+    def _first_block_in(self, start: int, num_new: int) -> int:
+        """Where num_new blocks go in the range at start: after a live request's tail, 1/4 of its
+        expected growth in (as much as the range leaves), so that it keeps room; else at the start."""
+        if start - 1 not in self._tails:
+            return start
+        room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
+        return start + min(room, self._starts[start] - start - num_new)
 
     def _best_fit(self, num_new: int) -> int | None:
         """Start of the lowest range among those at most _FIT_SLACK blocks over the best fit."""

@@ -154,15 +154,8 @@ class ChurnSim:
 
 
 def kept_placement(sim: ChurnSim, num_new: int):
-    bm = sim.bm
-    start = bm._best_fit(num_new)
-    if start is None:
-        return None
-    lo = start
-    if start - 1 in bm._tails:
-        room = bm._growth_blocks(bm._owner[start - 1]) // bm._left_room_divisor
-        lo = start + min(room, bm._starts[start] - start - num_new)
-    return start, lo
+    start = sim.bm._best_fit(num_new)
+    return None if start is None else (start, sim.bm._first_block_in(start, num_new))
 
 
 def candidates(sim: ChurnSim, num_new: int) -> list:
@@ -171,12 +164,8 @@ def candidates(sim: ChurnSim, num_new: int) -> list:
     if len(fits) < 2:
         return []
     out = []
-    for size, start in dict.fromkeys(fits[:5] + fits[-2:]):
-        out.append((start, start))
-        if start - 1 in bm._tails:
-            room = bm._growth_blocks(bm._owner[start - 1]) // bm._left_room_divisor
-            if room:
-                out.append((start, start + min(room, size - num_new)))
+    for _, start in dict.fromkeys(fits[:5] + fits[-2:]):
+        out.extend(dict.fromkeys([(start, start), (start, bm._first_block_in(start, num_new))]))
     return out
 
 
