@@ -230,6 +230,21 @@ class AlignedInOrphans(BlockManager):
         return list(range(lo, lo + num_new))
 
 
+class OrphansFirst(BlockManager):
+    """Near fits up to 4 blocks over the best fit, ranges nobody grows into first (they need no room),
+    then the lowest address; the left neighbour's room is at most half the range's slack."""
+
+    def _best_fit(self, num_new):
+        fits = _near_fits(self, num_new, 4, 1 << 30)
+        return min(fits, key=lambda f: (f[1] - 1 in self._tails, f[1]))[1] if fits else None
+
+    def _first_block_in(self, start, num_new):
+        if start - 1 not in self._tails:
+            return start
+        room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
+        return start + min(room, (self._starts[start] - start - num_new) // 2)
+
+
 class ScatterSmallestFirst(BlockManager):
     """With no fitting range, scatter from the smallest ranges up."""
 
@@ -293,6 +308,7 @@ VARIANTS = {
     "two-ended (large high)": (TwoEnded, False),
     "aligned in orphans (16)": (AlignedInOrphans, False),
     "scatter smallest first": (ScatterSmallestFirst, False),
+    "orphans first (slack 4)": (OrphansFirst, False),
     "oracle: kept policy": (BlockManager, True),
     "oracle: previous policy": (PreviousPolicy, True),
     "oracle: exact footprint": (OracleExactFootprint, True),
