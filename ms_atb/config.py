@@ -141,6 +141,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if kv.num_blocks != "auto" and (not isinstance(kv.num_blocks, int) or kv.num_blocks < 1):
             raise ValueError(f"kv_cache.num_blocks must be an integer >= 1 or 'auto', got {kv.num_blocks!r}")
+        if self.context.seed < 0:
+            raise ValueError(f"context.seed must be an integer >= 0, got {self.context.seed}")
         if parse_size(kv.memory_budget, "kv_cache.memory_budget") < 1:
             raise ValueError("kv_cache.memory_budget must be positive")
         s = self.sampling

@@ -34,6 +34,7 @@ def test_leaf_names_are_unique_and_cover_every_section():
     ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"num_blocks": 0}}, r"num_blocks"),
     ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"memory_budget": "lots"}}, r"memory_budget"),
     ({"model": {"path": "random:tiny-llama"}, "context": {"device": "gpu"}}, r"context\.device must be one of"),
+    ({"model": {"path": "random:tiny-llama"}, "context": {"seed": -1}}, r"context\.seed must be an integer >= 0"),
     ({"model": {"path": "random:tiny-llama", "dtype": "bfloat16"}}, r"bfloat16 does not run on the CPU"),
     ({"model": {"path": "/nonexistent/model.gguf"}}, r"not found"),
     ({"model": {"path": "pkg:no_such_package_xyz/m.gguf"}}, r"not installed"),

@@ -20,7 +20,7 @@ def test_defaults_and_normalisation():
     ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", "1"),
     ("top_k", 0), ("top_k", -2), ("top_k", 1.5),
     ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", float("nan")),
-    ("seed", 1.5), ("seed", "7"),
+    ("seed", 1.5), ("seed", "7"), ("seed", -1),
     ("stop", ""), ("stop", ["ok", ""]), ("stop", [1]), ("stop", 5),
     ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]), ("stop_token_ids", 3),
     ("ignore_eos", 1), ("ignore_eos", "yes"),
