@@ -75,6 +75,46 @@ def test_tight_pool_preempts_and_gives_identical_tokens(llm):
     llm.reset_scheduler(num_blocks=96)
 
 
+def _mixed_batch():
+    """A shared-prefix batch, half greedy and half seeded sampling, with lengths that cross blocks."""
+    prompts = prompts_with_shared_prefix(7, prefix_len=37, seed=3)
+    params = [SamplingParams(max_tokens=8 + 5 * i, temperature=0.0 if i % 2 else 0.8, top_k=-1 if i % 3 else 20,
+                             seed=100 + i, ignore_eos=True) for i in range(len(prompts))]
+    return prompts, params
+
+
+# (allocation, enable_chunked_prefill, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, num_blocks)
+LAYOUTS = [("scattered", True, True, 8, 64, 96), ("static", True, False, 8, 64, 96),
+           ("contiguous", False, True, 3, 64, 9), ("scattered", True, True, 2, 16, 8),
+           ("contiguous", True, False, 1, 24, 96)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: "-".join(map(str, t)))
+def test_every_scheduling_layout_gives_the_same_tokens(llm, layout):
+    prompts, params = _mixed_batch()
+    llm.reset_scheduler(num_blocks=96)
+    reference = tokens_of(llm.generate(prompts, params, use_tqdm=False))
+    allocation, chunked, caching, seqs, budget, blocks = layout
+    llm.reset_scheduler(allocation=allocation, enable_chunked_prefill=chunked, enable_prefix_caching=caching,
+                        max_num_seqs=seqs, max_num_batched_tokens=budget, num_blocks=blocks)
+    try:
+        assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == reference
+        assert (llm.stats()["num_preemptions"] > 0) == (blocks < 20)     # the tight pools preempt
+    finally:
+        llm.reset_scheduler(allocation="contiguous", enable_chunked_prefill=True, enable_prefix_caching=True,
+                            max_num_seqs=8, max_num_batched_tokens=64, num_blocks=96)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 32])
+def test_other_block_sizes_give_the_same_tokens(llm, block_size):
+    prompts, params = _mixed_batch()
+    llm.reset_scheduler(num_blocks=96)
+    reference = tokens_of(llm.generate(prompts, params, use_tqdm=False))
+    other = LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, block_size=block_size,
+                num_blocks=max(8, 1536 // block_size))
+    assert tokens_of(other.generate(prompts, params, use_tqdm=False)) == reference
+
+
 def test_seeded_sampling_is_independent_of_the_batch(llm):
     p = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
     alone = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].token_ids
