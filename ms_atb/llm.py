@@ -16,7 +16,7 @@ from ms_atb.sampling_params import SamplingParams
 from ms_atb.request import Request
 from ms_atb.scheduler import Scheduler
 
-Prompt = Union[str, list[int]]
+Prompt = Union[str, list[int], tuple[int, ...], np.ndarray]  # token ids: a list, tuple or 1-D integer array
 
 
 class LLM:
@@ -179,13 +179,13 @@ class LLM:
                     raise ValueError("this model has no tokenizer: pass token ids")
                 ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
                 text = prompt
-            elif isinstance(prompt, (list, tuple)):
+            elif isinstance(prompt, (list, tuple)) or (isinstance(prompt, np.ndarray) and prompt.ndim == 1):
                 if not all(_is_int(t) for t in prompt):
                     raise ValueError("a token-id prompt must be a list of ints")
-                ids, text = list(prompt), None
+                ids, text = [int(t) for t in prompt], None
             else:
-                raise ValueError(f"a prompt must be a string or a list of token ids, "
-                                 f"got {type(prompt).__name__}")
+                raise ValueError(f"a prompt must be a string or a list of token ids (or a 1-D integer "
+                                 f"array), got {type(prompt).__name__}")
             if not ids:
                 raise ValueError("the prompt is empty")
             vocab = self.model_config.vocab_size

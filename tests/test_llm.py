@@ -115,6 +115,15 @@ def test_other_block_sizes_give_the_same_tokens(llm, block_size):
     assert tokens_of(other.generate(prompts, params, use_tqdm=False)) == reference
 
 
+def test_token_ids_as_tuples_and_numpy_arrays(llm):
+    ids = [3, 14, 15, 92, 65, 35]
+    expected = llm.generate([ids], GREEDY, use_tqdm=False)[0].token_ids
+    for prompt in (tuple(ids), np.array(ids, dtype=np.int64), np.array(ids, dtype=np.int32)):
+        out = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+        assert out.token_ids == expected
+        assert out.prompt_token_ids == ids and all(type(t) is int for t in out.prompt_token_ids)
+
+
 def test_seeded_sampling_is_independent_of_the_batch(llm):
     p = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
     alone = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].token_ids
@@ -162,6 +171,9 @@ def test_string_prompts_and_stop_strings(llm):
     ([1, -1], None, r"request 1: token id -1"),
     ([1, 2], SamplingParams(max_tokens=511), r"request 1: .*= 513 exceeds max_model_len 512"),
     ([1.5], None, r"request 1: a token-id prompt must be a list of ints"),
+    (np.array([1.0, 2.0]), None, r"request 1: a token-id prompt must be a list of ints"),
+    (np.array([[1, 2]]), None, r"request 1: a prompt must be a string or a list of token ids"),
+    (b"abc", None, r"request 1: a prompt must be a string or a list of token ids .* got bytes"),
 ])
 def test_bad_requests_are_rejected_before_any_work(llm, prompt, params, match):
     steps = llm.scheduler.num_steps
