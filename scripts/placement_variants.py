@@ -239,10 +239,7 @@ class OrphansFirst(BlockManager):
         return min(fits, key=lambda f: (f[1] - 1 in self._tails, f[1]))[1] if fits else None
 
     def _first_block_in(self, start, num_new):
-        if start - 1 not in self._tails:
-            return start
-        room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
-        return start + min(room, (self._starts[start] - start - num_new) // 2)
+        return min(super()._first_block_in(start, num_new), start + (self._starts[start] - start - num_new) // 2)
 
 
 class ScatterSmallestFirst(BlockManager):
