@@ -6,6 +6,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
 from ms_atb.outputs import RequestMetrics, RequestOutput
 from ms_atb.request import Request
 from ms_atb.sequence import Sequence, SequenceStatus
@@ -32,7 +33,6 @@ class EngineLoop:
         self.start = self.end = time.perf_counter()
 
     def run(self, use_tqdm: bool = True) -> Iterator[tuple[int, RequestOutput]]:
-        from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
         llm, sched = self.llm, self.llm.scheduler
         tok = llm.tokenizer
         eos = set(tok.stop_token_ids) if tok is not None else set()
@@ -75,7 +75,7 @@ class EngineLoop:
                 for b in rows:
                     t = self.tracked[step.request_ids[b]]
                     self.num_output_tokens += 1
-                    if self._append_text(t, sampled[b], find_stop):
+                    if self._append_text(t, sampled[b]):
                         if t.seq.is_finished:
                             t.seq.finish_reason = "stop"
                         else:
@@ -84,7 +84,10 @@ class EngineLoop:
                 for seq in finished:
                     t = self.tracked.pop(seq.request_id)
                     if t.detok is not None and not isinstance(t.stop_reason, str):
-                        t.text += t.detok.flush()     # an unfinished UTF-8 character, if any
+                        tail = t.detok.flush()        # an unfinished UTF-8 character, if any
+                        t.text += tail
+                        if tail and self._cut_at_stop(t, len(tail)):
+                            seq.finish_reason = "stop"
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix_str(f"{self.num_output_tokens / (now - self.start):.1f} tok/s",
@@ -95,7 +98,7 @@ class EngineLoop:
             if bar is not None:
                 bar.close()
 
-    def _append_text(self, t: _Tracked, token: int, find_stop) -> bool:
+    def _append_text(self, t: _Tracked, token: int) -> bool:
         """Adds token's text; True if a stop string now ends the request."""
         seq = t.seq
         if t.detok is None:
@@ -107,13 +110,18 @@ class EngineLoop:
         if not new:
             return False
         t.text += new
+        return self._cut_at_stop(t, len(new))
+
+    @staticmethod
+    def _cut_at_stop(t: _Tracked, new_len: int) -> bool:
+        """Cuts t.text at the first stop string that its last new_len characters complete; True if one did."""
         stops = t.request.params.stop
-        at = find_stop(t.text, stops, len(new)) if stops else -1
-        if at >= 0:
-            t.stop_reason = next(x for x in stops if t.text.startswith(x, at))
-            t.text = t.text[:at]
-            return True
-        return False
+        at = find_stop(t.text, stops, new_len) if stops else -1
+        if at < 0:
+            return False
+        t.stop_reason = next(x for x in stops if t.text.startswith(x, at))
+        t.text = t.text[:at]
+        return True
 
     def _output(self, t: _Tracked) -> RequestOutput:
         seq = t.seq

@@ -163,6 +163,19 @@ def test_string_prompts_and_stop_strings(llm):
         assert cut.text == text[:text.index(stop)] and cut.finish_reason == "stop"
 
 
+def test_stop_string_completed_by_the_final_flush(llm):
+    # Greedy on [1..5] ends, after 10 tokens, with byte 237: the lead of an unfinished UTF-8 character that
+    # only the end-of-request flush renders, as U+FFFD. A stop string ending there must still cut the text.
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    full = llm.generate([[1, 2, 3, 4, 5]], params, use_tqdm=False)[0]
+    assert full.token_ids[-1] == 237 and full.text.endswith("4\ufffd") and full.text.count("\ufffd") == 1
+    stop = "4\ufffd"
+    cut = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
+                                                         stop=[stop]), use_tqdm=False)[0]
+    assert cut.text == full.text[:full.text.index(stop)] and cut.finish_reason == "stop"
+    assert cut.stop_reason == stop and cut.token_ids == full.token_ids
+
+
 @pytest.mark.parametrize("prompt, params, match", [
     ([], None, r"request 1: the prompt is empty"),
     ("", None, r"request 1: the prompt is empty"),
