@@ -14,8 +14,6 @@ import os
 import sys
 import time
 
-
-
 from ms_atb.sampling_params import SamplingParams
 
 
@@ -41,12 +39,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 def read_requests(path: str) -> list[dict]:
     """Lines -> [{"id", "prompt" | "messages", sampling fields...}]; ValueError naming the line."""
     if not os.path.isfile(path):
-        raise ValueError(f"--input {path!r} not found")
+        problem = "is a directory, not a file" if os.path.isdir(path) else "not found"
+        raise ValueError(f"--input {path!r} {problem}")
     items = []
     jsonl = path.endswith((".jsonl", ".json"))
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")   # a BOM, CRLF
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
             if not line.strip():
                 continue
             if not jsonl:
@@ -70,20 +72,31 @@ def read_requests(path: str) -> list[dict]:
 
 
 def done_ids(path: str) -> set[str]:
-    """Ids already written; a torn last line (the run was killed mid-write) is cut off."""
+    """Ids already written. A torn last line (the run was killed mid-write) is cut off, and a complete
+    last line that lost only its newline gets it back. A bad line before the last is an error: results
+    are never truncated away."""
     if not os.path.exists(path):
         return set()
-    ids, good = set(), 0
+    size = os.path.getsize(path)
+    ids, good, last = set(), 0, b""
     with open(path, "rb") as f:
-        for raw in f:
-            try:
-                ids.add(str(json.loads(raw)["id"]))
-                good += len(raw)
-            except (ValueError, KeyError):
-                break
-    if good != os.path.getsize(path):
+        for lineno, raw in enumerate(f, 1):
+            last = raw
+            if raw.strip():
+                try:
+                    ids.add(str(json.loads(raw)["id"]))
+                except (ValueError, KeyError, TypeError):
+                    if good + len(raw) < size:
+                        raise ValueError(f"--output {path}:{lineno} is not a result line (JSON with an 'id'); "
+                                         f"fix or remove it, or pass --overwrite") from None
+                    break                           # the torn last line
+            good += len(raw)
+    if good < size:
         with open(path, "r+b") as f:
             f.truncate(good)
+    elif last and not last.endswith(b"\n"):
+        with open(path, "ab") as f:
+            f.write(b"\n")
     return ids
 
 
@@ -103,8 +116,17 @@ def _main(args) -> int:
     from ms_atb.engine_summary import format_summary, summarize
 
     items = read_requests(args.input)
+    if os.path.isdir(args.output):
+        raise ValueError(f"--output {args.output!r} is a directory; give a file path such as {args.output}/out.jsonl")
     if os.path.exists(args.output) and not (args.resume or args.overwrite):
         raise ValueError(f"--output {args.output!r} exists: pass --resume to continue it or --overwrite")
+    folder = os.path.dirname(os.path.abspath(args.output))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--output {args.output!r}: cannot create its directory ({e.strerror})") from None
+    if not os.access(args.output if os.path.exists(args.output) else folder, os.W_OK):
+        raise ValueError(f"--output {args.output!r} is not writable")
     skip = done_ids(args.output) if args.resume else set()
     overrides = {}
     for kv in args.set:

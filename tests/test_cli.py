@@ -46,6 +46,26 @@ def test_done_ids_cuts_a_torn_last_line(tmp_path):
     assert out.read_text() == '{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n'
 
 
+def test_done_ids_restores_a_lost_newline(tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.write_text('{"id": "a", "text": "x"}\n\n{"id": "b", "text": "y"}')       # killed before the newline
+    assert done_ids(str(out)) == {"a", "b"}
+    assert out.read_text() == '{"id": "a", "text": "x"}\n\n{"id": "b", "text": "y"}\n'
+    assert done_ids(str(out)) == {"a", "b"} and out.read_text().endswith('"y"}\n')
+
+
+@pytest.mark.parametrize("bad", ['{"id": "b", "te', '[1, 2]', '{"text": "no id"}'])
+def test_done_ids_never_truncates_results_after_a_bad_line(tmp_path, bad):
+    out = tmp_path / "o.jsonl"
+    content = '{"id": "a", "text": "x"}\n' + bad + '\n{"id": "c", "text": "z"}\n'
+    out.write_text(content)
+    with pytest.raises(ValueError, match=r"o\.jsonl:2 is not a result line"):
+        done_ids(str(out))
+    assert out.read_text() == content
+    out.write_text('{"id": "a", "text": "x"}\n' + bad)                              # as the last line: torn
+    assert done_ids(str(out)) == {"a"} and out.read_text() == '{"id": "a", "text": "x"}\n'
+
+
 def test_bad_request_is_reported_before_any_work(tmp_path, capsys):
     inp = tmp_path / "p.jsonl"
     inp.write_text('{"id": "ok", "prompt": [1, 2]}\n{"id": "bad", "prompt": [1], "temperature": -1}\n')
