@@ -15,9 +15,12 @@ from typing import Any, Union
 
 import yaml
 
+from ms_atb.sampling_params import SamplingParams
+
 DEVICES = ("cpu", "npu")
 DTYPES = ("float32", "float16", "bfloat16")
 ALLOCATIONS = ("contiguous", "scattered", "static")
+DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}
 
@@ -26,7 +29,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10
 class ModelSection:
     path: str = ""
     dtype: str = "float32"
-    max_model_len: int = 2048
+    max_model_len: Union[int, None] = None  # None: the model's max_position_embeddings, at most 2,048
     tokenizer: Union[str, None] = None      # defaults to the model path
 
 
@@ -87,7 +90,13 @@ class EngineConfig:
             if not os.path.isfile(source):
                 raise ValueError(f"config file not found: {source!r}")
             with open(source, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
+                try:
+                    data = yaml.safe_load(f) or {}
+                except yaml.YAMLError as e:
+                    where = getattr(e, "problem_mark", None)
+                    at = f":{where.line + 1}:{where.column + 1}" if where is not None else ""
+                    problem = getattr(e, "problem", None) or str(e)
+                    raise ValueError(f"{source}{at}: not valid YAML ({problem})") from None
             if not isinstance(data, dict):
                 raise ValueError(f"{source}: the top level must be a mapping of sections")
             base_dir = os.path.dirname(os.path.abspath(source))
@@ -133,7 +142,10 @@ class EngineConfig:
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
         if self.context.device == "cpu" and m.dtype == "bfloat16":
             raise ValueError("model.dtype bfloat16 does not run on the CPU; use float32 (or float16)")
-        for name, value in (("model.max_model_len", m.max_model_len), ("kv_cache.block_size", kv.block_size),
+        if m.max_model_len is not None and m.max_model_len < 1:
+            raise ValueError(f"model.max_model_len must be >= 1 (or unset: the model's own limit), "
+                             f"got {m.max_model_len}")
+        for name, value in (("kv_cache.block_size", kv.block_size),
                             ("scheduler.max_num_seqs", sc.max_num_seqs),
                             ("scheduler.max_num_batched_tokens", sc.max_num_batched_tokens),
                             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size)):
@@ -145,9 +157,10 @@ class EngineConfig:
             raise ValueError(f"context.seed must be an integer >= 0, got {self.context.seed}")
         if parse_size(kv.memory_budget, "kv_cache.memory_budget") < 1:
             raise ValueError("kv_cache.memory_budget must be positive")
-        s = self.sampling
-        if s.max_tokens < 1 or s.temperature < 0 or not 0 < s.top_p <= 1 or (s.top_k < 1 and s.top_k != -1):
-            raise ValueError(f"invalid sampling defaults: {s}")
+        try:
+            SamplingParams(**dataclasses.asdict(self.sampling))
+        except ValueError as e:
+            raise ValueError(f"sampling.{e}") from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -172,6 +185,10 @@ def _choice(name: str, value: str, allowed: tuple) -> None:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 
+_INT_OR_STR = {"kv_cache.num_blocks": "an integer >= 1 or 'auto'",
+               "kv_cache.memory_budget": "a byte count or a size like '1GiB' or '512MiB'"}
+
+
 def _coerce(name: str, value: Any, ftype: str) -> Any:
     ftype = str(ftype)
     if ftype == "bool":
@@ -194,9 +211,13 @@ def _coerce(name: str, value: Any, ftype: str) -> Any:
         if value is None or isinstance(value, str):
             return value
         raise ValueError(f"{name} must be a string, got {value!r}")
+    if ftype == "Union[int, None]":
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise ValueError(f"{name} must be an integer (or null for the default), got {value!r}")
     if ftype == "Union[int, str]":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError(f"{name} must be an integer or a string, got {value!r}")
+            raise ValueError(f"{name} must be {_INT_OR_STR[name]}, got {value!r}")
         return value
     raise AssertionError(ftype)
 

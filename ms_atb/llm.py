@@ -8,7 +8,7 @@ from typing import Iterator, Sequence as Seq, Union
 
 import numpy as np
 
-from ms_atb.config import EngineConfig, config_keys, parse_size
+from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
 from ms_atb.distributed import init_distributed, spmd_sampler
 from ms_atb.outputs import RequestOutput
 from ms_atb.sampler import Sampler
@@ -37,9 +37,11 @@ class LLM:
         self.model_config = load_config(cfg.model.path)
         validate_tp(self.model_config, tp)
         self.rank = init_distributed(tp)
-        self.max_model_len = cfg.model.max_model_len
         max_pos = getattr(self.model_config, "max_position_embeddings", None)
-        if max_pos and self.max_model_len > max_pos:
+        self.max_model_len = cfg.model.max_model_len
+        if self.max_model_len is None:           # unset: the model's own limit, at most DEFAULT_MAX_MODEL_LEN
+            self.max_model_len = min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN)
+        elif max_pos and self.max_model_len > max_pos:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {max_pos}")
         kv = cfg.kv_cache

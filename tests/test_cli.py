@@ -39,6 +39,31 @@ def test_bad_input_files(tmp_path, content, match):
         read_requests(str(path))
 
 
+def test_input_encoding_and_line_endings(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\r\n{"prompt": "b\xc3\xa9"}\r\n')     # a BOM, CRLF, UTF-8
+    assert [i["prompt"] for i in read_requests(str(path))] == ["a", "b\u00e9"]
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(ValueError, match=r"p\.jsonl:2: not valid UTF-8"):
+        read_requests(str(path))
+    with pytest.raises(ValueError, match=r"is a directory, not a file"):
+        read_requests(str(tmp_path))
+    with pytest.raises(ValueError, match=r"not found"):
+        read_requests(str(tmp_path / "missing.txt"))
+
+
+def test_output_paths_checked_before_the_engine_is_built(tmp_path, capsys):
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "bad", "prompt": [1], "temperature": -1}\n')    # stops the run before the build
+    assert main(["--config", TINY, "--input", str(inp), "--output", str(tmp_path), "--overwrite"]) == 2
+    assert "is a directory; give a file path" in capsys.readouterr().err
+    assert main(["--config", TINY, "--input", str(inp), "--output", str(inp / "o.jsonl")]) == 2
+    assert "cannot create its directory" in capsys.readouterr().err
+    nested = tmp_path / "new" / "dir" / "o.jsonl"
+    assert main(["--config", TINY, "--input", str(inp), "--output", str(nested)]) == 2
+    assert "temperature" in capsys.readouterr().err and nested.parent.is_dir()
+
+
 def test_done_ids_cuts_a_torn_last_line(tmp_path):
     out = tmp_path / "o.jsonl"
     out.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n{"id": "c", "te')

@@ -39,6 +39,16 @@ def test_leaf_names_are_unique_and_cover_every_section():
     ({"model": {"path": "/nonexistent/model.gguf"}}, r"not found"),
     ({"model": {"path": "pkg:no_such_package_xyz/m.gguf"}}, r"not installed"),
     ({"scheduler": {"max_num_seqs": 4}}, r"model\.path is required"),
+    ({"model": {"path": "random:tiny-llama", "max_model_len": 0}}, r"model\.max_model_len must be >= 1"),
+    ({"model": {"path": "random:tiny-llama", "max_model_len": "2k"}}, r"model\.max_model_len must be an integer"),
+    ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"num_blocks": True}},
+     r"kv_cache\.num_blocks must be an integer >= 1 or 'auto', got True"),
+    ({"model": {"path": "random:tiny-llama"}, "kv_cache": {"memory_budget": [1]}},
+     r"kv_cache\.memory_budget must be a byte count or a size"),
+    ({"model": {"path": "random:tiny-llama"}, "sampling": {"temperature": -1}},
+     r"sampling\.temperature must be a finite number >= 0"),
+    ({"model": {"path": "random:tiny-llama"}, "sampling": {"top_p": 0}}, r"sampling\.top_p must be a number in \(0, 1\]"),
+    ({"model": {"path": "random:tiny-llama"}, "sampling": {"max_tokens": 0}}, r"sampling\.max_tokens must be an int >= 1"),
 ])
 def test_bad_configs_name_the_key(data, match):
     with pytest.raises(ValueError, match=match):
@@ -53,6 +63,27 @@ def test_unknown_keyword_is_an_error():
 def test_missing_yaml_file():
     with pytest.raises(ValueError, match="config file not found"):
         EngineConfig.load("/nonexistent/x.yaml")
+
+
+def test_invalid_yaml_names_the_file_and_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  path: random:tiny-llama\nkv_cache: [\n")
+    with pytest.raises(ValueError, match=r"c\.yaml:4:1: not valid YAML"):
+        EngineConfig.load(str(path))
+    path.write_text("model:\n  path: a\n   dtype: float32\n")
+    with pytest.raises(ValueError, match=r"c\.yaml:3:\d+: not valid YAML"):
+        EngineConfig.load(str(path))
+
+
+def test_max_model_len_defaults_to_the_models_limit():
+    from ms_atb import LLM
+    assert EngineConfig.load({"model": {"path": "random:tiny-llama"}}).model.max_model_len is None
+    llm = LLM({"model": {"path": "random:tiny-llama?seed=0"}}, num_blocks=8, max_num_seqs=1,
+              max_num_batched_tokens=16)
+    assert llm.max_model_len == 1024 == llm.model_config.max_position_embeddings     # below the 2,048 default
+    assert llm.scheduler.max_model_len == 1024
+    with pytest.raises(ValueError, match="max_model_len 1025 exceeds the model's max_position_embeddings 1024"):
+        LLM({"model": {"path": "random:tiny-llama?seed=0", "max_model_len": 1025}})
 
 
 def test_sizes_and_package_paths():
