@@ -59,6 +59,7 @@ class ContextSection:
     device: str = "cpu"
     mode: str = "graph"
     seed: int = 0
+    compile_cache: Union[str, None] = None    # a directory keeping compiled graphs between runs; None: off
 
 
 @dataclass
@@ -153,6 +154,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if kv.num_blocks != "auto" and (not isinstance(kv.num_blocks, int) or kv.num_blocks < 1):
             raise ValueError(f"kv_cache.num_blocks must be an integer >= 1 or 'auto', got {kv.num_blocks!r}")
+        cache = self.context.compile_cache
+        if cache and os.path.exists(os.path.expanduser(cache)) and not os.path.isdir(os.path.expanduser(cache)):
+            raise ValueError(f"context.compile_cache must be a directory, got the file {cache!r}")
         if self.context.seed < 0:
             raise ValueError(f"context.seed must be an integer >= 0, got {self.context.seed}")
         if parse_size(kv.memory_budget, "kv_cache.memory_budget") < 1:

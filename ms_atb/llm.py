@@ -63,7 +63,12 @@ class LLM:
         self.runner = ModelRunner(cfg.model.path, cfg.model.dtype, self.num_blocks, kv.block_size,
                                   sc.max_num_seqs, sc.max_num_batched_tokens, self.max_model_len,
                                   device=cfg.context.device, tp_size=tp, tp_rank=self.rank)
-        self.runner.warmup()
+        stats = self.runner.warmup(cfg.context.compile_cache)
+        if stats["graph_cache"] != "off":
+            where = {"skipped": " (an earlier engine of this process uses it)"}.get(
+                stats["graph_cache"], f" ({stats['graph_cache_path']})")
+            self._log(f"{stats['graphs']} graphs ready in {stats['seconds']:.1f} s; "
+                      f"compile cache {stats['graph_cache']}{where}")
         self.build_seconds = time.perf_counter() - t0
         self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
                               "max_num_batched_tokens": sc.max_num_batched_tokens}

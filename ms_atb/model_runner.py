@@ -8,6 +8,7 @@ multiplied by the linears (they stop at query_start_loc[-1]); padded sequences g
 empty query range (no attention). Dynamic shapes were measured slower on this CPU (see
 scripts/bench_model.py).
 """
+import dataclasses
 import math
 import time
 
@@ -88,6 +89,7 @@ class ModelRunner:
                                       tp_size, tp_rank)
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
                                                     dtype=np.float32))
+        self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.compiled = set()
         self.warmup_stats = None
 
@@ -133,9 +135,35 @@ class ModelRunner:
         self.compiled.add(len(arrays[0]))
         return logits.asnumpy()[:num_seqs]
 
-    def warmup(self) -> dict:
-        """Compile the graph of every token bucket with an all-padding step (no cache write)."""
+    def warmup(self, graph_cache: str | None = None) -> dict:
+        """Compile the graph of every token bucket with an all-padding step (no cache write).
+        graph_cache: a directory that keeps the compiled graphs between runs (see ms_atb.graph_cache)."""
+        from ms_atb.graph_cache import GraphCache
         start = time.perf_counter()
+        cache = GraphCache(graph_cache, self.graph_key_parts())
+        try:
+            with cache:
+                self._compile_buckets()
+        except Exception as e:
+            if cache.status not in ("loaded", "saved"):
+                raise
+            self._compile_buckets()              # without the cache (a loaded one was removed)
+            cache.status = f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}), not used"
+        self.warmup_stats = {"graphs": len(self.buckets), "seconds": time.perf_counter() - start,
+                             "graph_cache": cache.status, "graph_cache_path": cache.path and str(cache.path)}
+        return self.warmup_stats
+
+    def graph_key_parts(self) -> dict:
+        """Everything the compiled graphs depend on besides ms_atb's and MindSpore's code."""
+        from ms_atb.graph_cache import files_identity
+        from ms_atb.ops.build import kernel_library
+        return {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
+                "dtype": str(self.dtype), "device": ms.get_context("device_target"),
+                "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
+                "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
+                "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library()}
+
+    def _compile_buckets(self) -> None:
         for t in self.buckets:
             b = min(t, self.max_num_seqs)
             arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
@@ -143,5 +171,3 @@ class ModelRunner:
                       np.zeros(b + 1, np.int32)]
             self.model(*[ms.Tensor(a) for a in arrays]).asnumpy()
             self.compiled.add(t)
-        self.warmup_stats = {"graphs": len(self.buckets), "seconds": time.perf_counter() - start}
-        return self.warmup_stats

@@ -1,0 +1,122 @@
+"""GraphCache: keeps the engine's compiled graphs on disk between runs (context.compile_cache).
+
+MindSpore's compile cache (MS_COMPILER_CACHE_ENABLE=1, MS_COMPILER_CACHE_PATH=dir) saves
+each graph compiled while it is on as `compile_cache_<N>.mindir`, N counting the graphs compiled so
+far in the process, and a later process loads graph N in place of compiling it. It checks neither the
+input shapes nor the model, and the path is fixed by the first graph compiled with it on. So:
+- one directory per key, which hashes everything a graph depends on: ms_atb's sources and kernel
+  library, MindSpore's version, the model file(s) (path, size, mtime), the model shape, dtype,
+  device, pool and step sizes, buckets and rank;
+- the cache is on only while one engine compiles its buckets, always in the same order, and only
+  for the first engine in a process that asks for it (later ones compile as usual);
+- a new directory is written under a temporary name and renamed into place when the whole warmup
+  succeeded, so a killed run or a racing process never leaves a partial cache behind;
+- a cache that fails to load is removed and the graphs are compiled afresh.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+FORMAT = 1                # bump when the layout or the key changes
+_PACKAGES = ("ms_atb", "ms_atb.models", "ms_atb.ops")
+_SOURCE_SUFFIXES = (".py", ".cc", ".h")
+_claimed_by_pid: int | None = None      # MindSpore keeps one cache path per process
+_ENV = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")    # read by MindSpore at each compile
+
+
+def sources_digest() -> str:
+    """sha256 over ms_atb's Python and C++ sources (the model, the runner, the kernels)."""
+    import importlib
+    h = hashlib.sha256()
+    for package in _PACKAGES:
+        for path in sorted(Path(importlib.import_module(package).__file__).resolve().parent.glob("*")):
+            if path.suffix in _SOURCE_SUFFIXES:
+                h.update(f"{package}/{path.name}\0".encode() + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def files_identity(path: str) -> list:
+    """(name, size, mtime_ns) of a model file, or of every file in a model directory; the string itself
+    for in-memory models (random:...)."""
+    if not os.path.exists(path):
+        return [path]
+    paths = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, n) for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
+    return [(os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths]
+
+
+def cache_key(parts: dict) -> str:
+    import mindspore as ms
+    full = {"format": FORMAT, "mindspore": ms.__version__, "python": sys.version,
+            "sources": sources_digest(), **parts}
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class GraphCache:
+    """Wraps one engine's warmup: `with GraphCache(root, parts) as cache: compile every bucket`.
+
+    `status` after the block: "off" (no root), "loaded", "saved", "skipped" (an earlier engine of
+    this process holds MindSpore's one cache path) or "unavailable" (`python -c`: MindSpore hashes the
+    entry script, and there is none); the last two compile as usual."""
+
+    def __init__(self, root: str | None, parts: dict):
+        self.root = None if not root else Path(os.path.expanduser(root)).resolve()
+        self.parts = parts
+        self.status = "off"
+        self.path: Path | None = None
+        self._tmp: Path | None = None
+
+    def __enter__(self) -> "GraphCache":
+        global _claimed_by_pid
+        if self.root is None:
+            return self
+        if _claimed_by_pid == os.getpid():
+            self.status = "skipped"
+            return self
+        if sys.argv and sys.argv[0] and not os.path.isfile(os.path.realpath(sys.argv[0])):
+            self.status = "unavailable"          # `python -c`: MindSpore hashes the entry script, which is not a file
+            return self
+        self.path = self.root / cache_key(self.parts)
+        if self.path.is_dir():
+            self.status, target = "loaded", self.path
+        else:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"context.compile_cache {str(self.root)!r}: cannot create it ({e.strerror})") from None
+            self._tmp = target = self.root / f"{self.path.name}.tmp-{os.getpid()}"
+            shutil.rmtree(target, ignore_errors=True)
+            self.status = "saved"
+        _claimed_by_pid = os.getpid()
+        self._saved_env = {k: os.environ.get(k) for k in _ENV}
+        os.environ.update(zip(_ENV, ("1", str(target))))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.status in ("off", "skipped", "unavailable"):
+            return False
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if self._tmp is not None:
+            if exc_type is None and not self.path.exists():
+                try:
+                    os.rename(self._tmp, self.path)
+                except OSError:                  # another process renamed its copy first
+                    pass
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        elif exc_type is not None:
+            self.discard()
+        return False
+
+    def discard(self) -> None:
+        """Removes this key's directory (a cache that failed to load)."""
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,81 @@
+"""context.compile_cache: compiled graphs saved by one run and loaded by the next, with the same tokens;
+one directory per engine configuration; only the first engine of a process uses it."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ms_atb.graph_cache import GraphCache, cache_key, files_identity
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
+
+# Builds one or two tiny engines with the cache at argv[1] (argv[2]: num_blocks of the first) and prints,
+# per engine, its cache status, key directory and greedy tokens as one JSON line.
+_RUN = """
+import json, sys
+from ms_atb import LLM, SamplingParams
+params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+for num_blocks in map(int, sys.argv[2].split(",")):
+    llm = LLM(%r, max_num_batched_tokens=8, max_num_seqs=2, num_blocks=num_blocks, compile_cache=sys.argv[1])
+    outs = llm.generate([[1, 2, 3, 4, 5], list(range(100, 119))], params, use_tqdm=False)
+    s = llm.runner.warmup_stats
+    print(json.dumps([s["graph_cache"], s["graph_cache_path"], [o.token_ids for o in outs]]))
+""" % TINY
+
+
+def _run(cache, num_blocks, inline=False):
+    script = cache.parent / "run.py"       # MindSpore's cache hashes the entry script: it must be a file
+    script.write_text(_RUN)
+    cmd = [sys.executable, "-c", _RUN] if inline else [sys.executable, str(script)]
+    proc = subprocess.run(cmd + [str(cache), num_blocks], capture_output=True, text=True,
+                          env=dict(os.environ, MS_ATB_QUIET="1"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+
+
+def test_second_run_loads_the_graphs_and_gives_the_same_tokens(tmp_path):
+    cache = tmp_path / "graphs"
+    (saved, path, tokens), (second, second_path, second_tokens) = _run(cache, "40,40")
+    assert saved == "saved" and os.path.isdir(path) and os.listdir(cache) == [os.path.basename(path)]
+    assert second == "skipped" and second_path is None and second_tokens == tokens
+    [(loaded, loaded_path, loaded_tokens)] = _run(cache, "40")
+    assert loaded == "loaded" and loaded_path == path and loaded_tokens == tokens
+    [(other, other_path, other_tokens)] = _run(cache, "48")      # another pool: another key
+    assert other == "saved" and other_path != path and other_tokens == tokens
+    assert sorted(os.listdir(cache)) == sorted(os.path.basename(p) for p in (path, other_path))   # no temporaries
+    [(inline, inline_path, inline_tokens)] = _run(cache, "40", inline=True)
+    assert inline == "unavailable" and inline_path is None and inline_tokens == tokens
+
+
+def test_key_follows_the_model_files_and_the_shape(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    before = files_identity(str(model))
+    os.utime(model, ns=(1, 1))
+    assert files_identity(str(model)) != before
+    assert files_identity("random:tiny-llama?seed=0") == ["random:tiny-llama?seed=0"]
+    keys = {cache_key(parts) for parts in ({"model": before, "num_blocks": 8}, {"model": before, "num_blocks": 9},
+                                           {"model": files_identity(str(model)), "num_blocks": 8})}
+    assert len(keys) == 3 and cache_key({"model": before, "num_blocks": 8}) in keys
+
+
+def test_off_without_a_directory():
+    with GraphCache(None, {}) as cache:
+        pass
+    assert cache.status == "off" and cache.path is None
+
+
+def test_bad_cache_paths_are_value_errors(tmp_path, monkeypatch):
+    from ms_atb import graph_cache
+    from ms_atb.config import EngineConfig
+    monkeypatch.setattr(graph_cache, "_claimed_by_pid", None)
+    afile = tmp_path / "f"
+    afile.write_text("")
+    with pytest.raises(ValueError, match="context.compile_cache must be a directory"):
+        EngineConfig.load(TINY, compile_cache=str(afile))
+    with pytest.raises(ValueError, match="context.compile_cache .*cannot create it"):
+        with GraphCache(str(afile / "sub"), {}):
+            pass
