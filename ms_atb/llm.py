@@ -158,12 +158,14 @@ class LLM:
 
     # ---- request validation -----------------------------------------------------------------
     def _make_requests(self, prompts, sampling_params, add_special_tokens: bool = True) -> list[Request]:
+        if isinstance(prompts, np.ndarray) and prompts.ndim in (1, 2):
+            prompts = [prompts] if prompts.ndim == 1 else list(prompts)     # one prompt, or one per row
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                         and all(_is_int(t) for t in prompts)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; "
-                             f"got {type(prompts).__name__}")
+            raise ValueError(f"prompts must be a string, a list of token ids (or a 1-D integer array), or a list "
+                             f"of those (or a 2-D integer array, one prompt per row); got {type(prompts).__name__}")
         if sampling_params is None:
             sampling_params = self.default_sampling_params()
         if isinstance(sampling_params, SamplingParams):

@@ -122,6 +122,10 @@ def test_token_ids_as_tuples_and_numpy_arrays(llm):
         out = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
         assert out.token_ids == expected
         assert out.prompt_token_ids == ids and all(type(t) is int for t in out.prompt_token_ids)
+    alone = llm.generate(np.array(ids), GREEDY, use_tqdm=False)       # one prompt, not a list of them
+    assert len(alone) == 1 and alone[0].token_ids == expected
+    rows = llm.generate(np.array([ids, ids[::-1]]), GREEDY, use_tqdm=False)       # a 2-D array: one per row
+    assert [o.prompt_token_ids for o in rows] == [ids, ids[::-1]] and rows[0].token_ids == expected
 
 
 def test_seeded_sampling_is_independent_of_the_batch(llm):
