@@ -69,6 +69,9 @@ class SamplingSection:
     top_k: int = -1
     top_p: float = 1.0
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass

@@ -65,8 +65,10 @@ class EngineLoop:
                 sampled: list[int | None] = [None] * len(step.seqs)
                 if rows:
                     ts = [self.tracked[step.request_ids[b]] for b in rows]
-                    tokens = llm.sampler.sample(logits[rows], [t.request.params for t in ts],
-                                                [t.generator for t in ts])
+                    params = [t.request.params for t in ts]
+                    histories = ([(t.seq.token_ids, t.seq.num_prompt_tokens) for t in ts]
+                                 if any(p.has_penalties for p in params) else None)
+                    tokens = llm.sampler.sample(logits[rows], params, [t.generator for t in ts], histories)
                     for b, token in zip(rows, tokens):
                         sampled[b] = int(token)
                 now = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Sampler: logits -> one token id per request (greedy, temperature, top-k, top-p), seeded per request.
+"""Sampler: logits -> one token id per request (penalties, then greedy or temperature, top-k, top-p),
+seeded per request.
 
 Each sampled request takes exactly ONE uniform draw from its own generator, so its tokens depend
 only on its seed and its own logits, never on what else is in the batch. Ties are broken towards
@@ -85,15 +86,44 @@ def _sample_filtered(logits: np.ndarray, e: np.ndarray, top_k: int, top_p: float
     return int(ids[_draw(e[ids[:c]], u)])
 
 
+def apply_penalties(logits: np.ndarray, params: list[SamplingParams], histories) -> np.ndarray:
+    """logits [B, V] with each request's repetition, presence and frequency penalties applied (a copy
+    when any applies). histories[b] = (token_ids, num_prompt_tokens): the request's tokens so far.
+    Repetition: a positive logit of a token in the prompt or output is divided by the penalty, a negative
+    one multiplied. Presence and frequency: the logit of a generated token drops by presence + frequency
+    x its count in the output."""
+    rows = [b for b, p in enumerate(params) if p.has_penalties]
+    if not rows:
+        return logits
+    if histories is None:
+        raise ValueError("repetition, presence and frequency penalties need each request's tokens so far")
+    out = np.array(logits, dtype=np.float32)
+    v = out.shape[1]
+    for b in rows:
+        p, (tokens, num_prompt) = params[b], histories[b]
+        ids = np.asarray(tokens, dtype=np.int64)                    # [N]
+        row = out[b]                                                # [V], a view
+        if p.repetition_penalty != 1.0:
+            seen = np.unique(ids)
+            x = row[seen]
+            row[seen] = np.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+        if p.presence_penalty or p.frequency_penalty:
+            counts = np.bincount(ids[num_prompt:], minlength=v)    # [V]
+            generated = np.flatnonzero(counts)
+            row[generated] -= p.presence_penalty + p.frequency_penalty * counts[generated]
+    return out
+
+
 class Sampler:
     def __init__(self):
         self._default_rng = np.random.default_rng()
 
     def sample(self, logits: np.ndarray, params: list[SamplingParams],
-               generators: list[np.random.Generator | None]) -> list[int]:
-        # logits: [B, V] float32
+               generators: list[np.random.Generator | None], histories=None) -> list[int]:
+        # logits: [B, V] float32; histories: see apply_penalties (needed only when a request has penalties)
         assert logits.ndim == 2 and logits.shape[0] == len(params) == len(generators), \
             (logits.shape, len(params), len(generators))
+        logits = apply_penalties(logits, params, histories)
         b = logits.shape[0]
         out = [0] * b
         greedy = [i for i in range(b) if params[i].temperature == 0.0]

@@ -23,6 +23,9 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0   # 1.0 = off; > 1 discourages every token of the prompt and output
+    presence_penalty: float = 0.0     # subtracted from the logit of every token generated so far
+    frequency_penalty: float = 0.0    # times how often each token was generated so far
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -49,10 +52,23 @@ class SamplingParams:
             self.stop_token_ids = list(ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        rp = self.repetition_penalty
+        if not _is_number(rp) or not 0 < rp < float("inf"):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), got {rp!r}")
+        self.repetition_penalty = float(rp)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+            setattr(self, name, float(value))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def stop_strings(self) -> list[str]:

@@ -30,6 +30,23 @@ def numpy_greedy(prompt, n):
     return tokens[len(prompt):]
 
 
+def numpy_greedy_penalised(prompt, n, repetition=1.0, presence=0.0, frequency=0.0):
+    """Greedy on the numpy model with vLLM's penalties written out token by token."""
+    path = "random:tiny-llama?seed=0"
+    config = load_config(path)
+    weights = dict(iter_weights(path, config))
+    tokens = list(prompt)
+    for _ in range(n):
+        logits = [float(x) for x in forward(weights, config, tokens)[-1]]
+        for t in set(tokens):
+            logits[t] = logits[t] / repetition if logits[t] > 0 else logits[t] * repetition
+        output = tokens[len(prompt):]
+        for t in set(output):
+            logits[t] -= presence + frequency * output.count(t)
+        tokens.append(max(range(len(logits)), key=lambda i: (logits[i], -i)))
+    return tokens[len(prompt):]
+
+
 def prompts_with_shared_prefix(n, prefix_len=40, seed=0):
     rng = np.random.default_rng(seed)
     prefix = rng.integers(0, 500, prefix_len).tolist()
@@ -126,6 +143,20 @@ def test_token_ids_as_tuples_and_numpy_arrays(llm):
     assert len(alone) == 1 and alone[0].token_ids == expected
     rows = llm.generate(np.array([ids, ids[::-1]]), GREEDY, use_tqdm=False)       # a 2-D array: one per row
     assert [o.prompt_token_ids for o in rows] == [ids, ids[::-1]] and rows[0].token_ids == expected
+
+
+def test_penalties_match_the_numpy_reference(llm):
+    prompts = [[7, 7, 7, 8], list(range(100, 130))]
+    cases = [dict(repetition_penalty=1.8), dict(presence_penalty=1.5, frequency_penalty=0.7),
+             dict(repetition_penalty=1.3, frequency_penalty=-0.5)]
+    plain = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for kw in cases:
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, **kw)
+        outs = llm.generate(prompts, [params, GREEDY], use_tqdm=False)      # a penalised and a plain request
+        assert outs[0].token_ids == numpy_greedy_penalised(prompts[0], 12, kw.get("repetition_penalty", 1.0),
+                                                            kw.get("presence_penalty", 0.0),
+                                                            kw.get("frequency_penalty", 0.0))
+        assert outs[0].token_ids != plain[0].token_ids and outs[1].token_ids == plain[1].token_ids
 
 
 def test_seeded_sampling_is_independent_of_the_batch(llm):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ms_atb.sampler import Sampler
+from ms_atb.sampler import Sampler, apply_penalties
 from ms_atb.sampling_params import SamplingParams
 
 
@@ -24,6 +24,9 @@ def test_defaults_and_normalisation():
     ("stop", ""), ("stop", ["ok", ""]), ("stop", [1]), ("stop", 5),
     ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]), ("stop_token_ids", 3),
     ("ignore_eos", 1), ("ignore_eos", "yes"),
+    ("repetition_penalty", 0), ("repetition_penalty", -1.0), ("repetition_penalty", float("inf")),
+    ("repetition_penalty", float("nan")), ("repetition_penalty", "2"),
+    ("presence_penalty", 2.5), ("presence_penalty", float("nan")), ("frequency_penalty", -3), ("frequency_penalty", None),
 ])
 def test_bad_value_names_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -151,3 +154,39 @@ def test_distribution(params, support):
     assert np.all(counts[support:] == 0)
     # chi-square with support-1 dof; 99.9th percentile for <= 5 dof is < 21
     assert _chi_square(counts[:support], probs[:support]) < 21.0
+
+
+# ---- penalties ----------------------------------------------------------------------------------
+
+def test_penalties_exact_values():
+    logits = np.array([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0]] * 2, dtype=np.float32)     # [2, V=6]
+    before = logits.copy()
+    pen = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    out = apply_penalties(logits, [pen, SamplingParams()], [([0, 1, 3, 3, 5], 2), ([0, 1, 3, 3, 5], 2)])
+    # repetition on the tokens seen {0, 1, 3, 5}; then presence + frequency on the output 3, 3, 5
+    np.testing.assert_allclose(out[0], [1.0, -2.0, 0.5, 1.5 - 0.5 - 2 * 0.25, -2.0, 0.5 - 0.5 - 0.25])
+    np.testing.assert_array_equal(out[1], before[1])
+    np.testing.assert_array_equal(logits, before)                        # the caller's logits are untouched
+    assert apply_penalties(logits, [SamplingParams()] * 2, None) is logits
+
+
+def test_penalties_steer_greedy_and_need_histories():
+    logits = np.array([[0.0, 5.0, 4.0, -1.0]], dtype=np.float32)
+    s = Sampler()
+    greedy = SamplingParams(temperature=0.0)
+    assert s.sample(logits, [greedy], [None], [([1, 1], 1)]) == [1]
+    assert s.sample(logits, [SamplingParams(temperature=0.0, repetition_penalty=1.5)], [None], [([1], 1)]) == [2]
+    assert s.sample(logits, [SamplingParams(temperature=0.0, frequency_penalty=0.6)], [None], [([0, 1, 1], 1)]) == [2]
+    assert s.sample(logits, [SamplingParams(temperature=0.0, presence_penalty=-2.0)], [None], [([0, 2], 1)]) == [2]
+    with pytest.raises(ValueError, match="need each request's tokens"):
+        s.sample(logits, [SamplingParams(temperature=0.0, repetition_penalty=1.5)], [None])
+
+
+def test_penalised_sampling_keeps_one_draw_per_request():
+    logits = np.random.default_rng(0).normal(size=(3, 50)).astype(np.float32)
+    params = [SamplingParams(temperature=0.8, seed=1)] * 3
+    pen = SamplingParams(temperature=0.8, seed=1, repetition_penalty=1.3)
+    hist = [([1, 2, 3], 3)] * 3
+    plain = Sampler().sample(logits, params, [np.random.default_rng(1) for _ in range(3)], hist)
+    mixed = Sampler().sample(logits, [params[0], pen, params[2]], [np.random.default_rng(1) for _ in range(3)], hist)
+    assert mixed[0] == plain[0] and mixed[2] == plain[2]                 # a neighbour's penalty changes nothing
