@@ -178,12 +178,13 @@ def _main(args) -> int:
         for index, o in llm.generate_iter(requests, use_tqdm=not args.no_progress):
             outputs.append(o)
             if out is not None:
-                out.write(json.dumps({
-                    "id": o.request_id, "text": o.text, "token_ids": o.token_ids,
-                    "finish_reason": o.finish_reason, "num_prompt_tokens": len(o.prompt_token_ids),
-                    "num_cached_tokens": o.num_cached_tokens,
-                    "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None},
-                    ensure_ascii=False) + "\n")
+                record = {"id": o.request_id, "text": o.text, "token_ids": o.token_ids,
+                          "finish_reason": o.finish_reason, "num_prompt_tokens": len(o.prompt_token_ids),
+                          "num_cached_tokens": o.num_cached_tokens,
+                          "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}
+                if o.logprobs is not None:          # keys become strings in JSON
+                    record.update(logprobs=o.logprobs, cumulative_logprob=o.cumulative_logprob)
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
                 out.flush()
     finally:
         if out is not None:

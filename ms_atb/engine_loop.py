@@ -9,17 +9,19 @@ import numpy as np
 from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
 from ms_atb.outputs import RequestMetrics, RequestOutput
 from ms_atb.request import Request
+from ms_atb.sampler import token_logprobs
 from ms_atb.sequence import Sequence, SequenceStatus
 
 
 class _Tracked:
     """A request in flight: its sequence, its text so far and its random generator."""
-    __slots__ = ("request", "seq", "detok", "text", "generator", "stop_reason")
+    __slots__ = ("request", "seq", "detok", "text", "generator", "stop_reason", "logprobs")
 
     def __init__(self, request: Request, seq: Sequence, detok, generator):
         self.request, self.seq, self.detok, self.generator = request, seq, detok, generator
         self.text = ""
         self.stop_reason = None
+        self.logprobs: list[dict[int, float]] | None = None if request.params.logprobs is None else []
 
 
 class EngineLoop:
@@ -69,8 +71,10 @@ class EngineLoop:
                     histories = ([(t.seq.token_ids, t.seq.num_prompt_tokens) for t in ts]
                                  if any(p.has_penalties for p in params) else None)
                     tokens = llm.sampler.sample(logits[rows], params, [t.generator for t in ts], histories)
-                    for b, token in zip(rows, tokens):
+                    for b, token, t in zip(rows, tokens, ts):
                         sampled[b] = int(token)
+                        if t.logprobs is not None:
+                            t.logprobs.append(token_logprobs(logits[b], int(token), t.request.params.logprobs))
                 now = time.perf_counter()
                 finished = sched.update(step, sampled, now=now)
                 self.usage.append(sched.block_manager.stats()["usage"])
@@ -134,7 +138,7 @@ class EngineLoop:
             num_cached_tokens=seq.num_cached_tokens,
             metrics=RequestMetrics(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
                                    seq.finish_time, seq.num_output_tokens),
-            stop_reason=t.stop_reason)
+            stop_reason=t.stop_reason, logprobs=t.logprobs)
 
     def abort_unfinished(self) -> None:
         """Drops what did not finish. After a failure inside a step, blocks committed for that

@@ -38,3 +38,13 @@ class RequestOutput:
     num_cached_tokens: int
     metrics: RequestMetrics
     stop_reason: int | str | None = None   # the stop token id or stop string that ended it
+    # With SamplingParams(logprobs=N): one {token id: log-probability} per token of token_ids (the
+    # token itself and the N most likely), under the model's distribution before penalties and temperature.
+    logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """Sum of the log-probabilities of token_ids (None without logprobs)."""
+        if self.logprobs is None:
+            return None
+        return float(sum(lp[t] for lp, t in zip(self.logprobs, self.token_ids)))

@@ -114,6 +114,16 @@ def apply_penalties(logits: np.ndarray, params: list[SamplingParams], histories)
     return out
 
 
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> dict[int, float]:
+    """{token id: log-probability} under the model's distribution (logits [V] before penalties and
+    temperature): the chosen token and the `top` most likely ones (ties: lowest ids)."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    log_z = m + np.log(np.exp(x - m).sum())
+    ids = _top_candidates(logits, top).tolist() if top else []
+    return {int(i): float(x[i] - log_z) for i in [token, *ids]}
+
+
 class Sampler:
     def __init__(self):
         self._default_rng = np.random.default_rng()

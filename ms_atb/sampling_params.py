@@ -5,6 +5,9 @@ import dataclasses
 from dataclasses import dataclass
 
 
+MAX_LOGPROBS = 20
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -26,6 +29,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0   # 1.0 = off; > 1 discourages every token of the prompt and output
     presence_penalty: float = 0.0     # subtracted from the logit of every token generated so far
     frequency_penalty: float = 0.0    # times how often each token was generated so far
+    logprobs: int | None = None       # None: off; N: each output token's log-probability and the N most likely
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -52,6 +56,8 @@ class SamplingParams:
             self.stop_token_ids = list(ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None (off) or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         rp = self.repetition_penalty
         if not _is_number(rp) or not 0 < rp < float("inf"):
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), got {rp!r}")

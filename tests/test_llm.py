@@ -159,6 +159,30 @@ def test_penalties_match_the_numpy_reference(llm):
         assert outs[0].token_ids != plain[0].token_ids and outs[1].token_ids == plain[1].token_ids
 
 
+def test_logprobs_match_the_numpy_reference(llm):
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=3)
+    out, plain = llm.generate([prompt, prompt], [params, GREEDY], use_tqdm=False)
+    assert plain.logprobs is None and plain.cumulative_logprob is None
+    assert len(out.logprobs) == len(out.token_ids) == 6 and out.token_ids == plain.token_ids[:6]
+    path = "random:tiny-llama?seed=0"
+    config = load_config(path)
+    weights = dict(iter_weights(path, config))
+    tokens = list(prompt)
+    for token, lp in zip(out.token_ids, out.logprobs):
+        logits = forward(weights, config, tokens)[-1].astype(np.float64)
+        ref = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        top = [int(i) for i in np.argsort(-ref, kind="stable")[:3]]
+        assert token == top[0] and list(lp) == top                # greedy: the token is the top one, listed once
+        np.testing.assert_allclose([lp[i] for i in top], ref[top], atol=2e-4)
+        tokens.append(token)
+    assert out.cumulative_logprob == pytest.approx(sum(lp[t] for lp, t in zip(out.logprobs, out.token_ids)))
+    sampled = llm.generate([prompt], SamplingParams(max_tokens=20, temperature=1.5, seed=3, logprobs=0),
+                           use_tqdm=False)[0]
+    assert [list(lp) for lp in sampled.logprobs] == [[t] for t in sampled.token_ids]
+    assert all(v <= 0.0 for lp in sampled.logprobs for v in lp.values())
+
+
 def test_seeded_sampling_is_independent_of_the_batch(llm):
     p = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
     alone = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].token_ids

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ms_atb.sampler import Sampler, apply_penalties
+from ms_atb.sampler import Sampler, apply_penalties, token_logprobs
 from ms_atb.sampling_params import SamplingParams
 
 
@@ -26,6 +26,7 @@ def test_defaults_and_normalisation():
     ("ignore_eos", 1), ("ignore_eos", "yes"),
     ("repetition_penalty", 0), ("repetition_penalty", -1.0), ("repetition_penalty", float("inf")),
     ("repetition_penalty", float("nan")), ("repetition_penalty", "2"),
+    ("logprobs", -1), ("logprobs", 21), ("logprobs", 1.0), ("logprobs", True),
     ("presence_penalty", 2.5), ("presence_penalty", float("nan")), ("frequency_penalty", -3), ("frequency_penalty", None),
 ])
 def test_bad_value_names_field(field, value):
@@ -190,3 +191,14 @@ def test_penalised_sampling_keeps_one_draw_per_request():
     plain = Sampler().sample(logits, params, [np.random.default_rng(1) for _ in range(3)], hist)
     mixed = Sampler().sample(logits, [params[0], pen, params[2]], [np.random.default_rng(1) for _ in range(3)], hist)
     assert mixed[0] == plain[0] and mixed[2] == plain[2]                 # a neighbour's penalty changes nothing
+
+
+def test_token_logprobs():
+    logits = np.array([1.0, 3.0, 3.0, -2.0, 0.5], dtype=np.float32)
+    ref = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+    got = token_logprobs(logits, 4, 2)
+    assert list(got) == [4, 1, 2]                                          # the token, then the top 2 (ties: lowest id)
+    np.testing.assert_allclose([got[i] for i in (4, 1, 2)], ref[[4, 1, 2]], rtol=1e-12)
+    assert token_logprobs(logits, 1, 0) == {1: ref[1]} and token_logprobs(logits, 2, 1) == {2: ref[2], 1: ref[1]}
+    big = np.array([1000.0, 0.0], dtype=np.float32)                       # no overflow
+    assert token_logprobs(big, 1, 1) == {1: -1000.0, 0: 0.0}
