@@ -18,7 +18,7 @@ from ms_atb.sampling_params import SamplingParams
 
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos", "repetition_penalty",
-                  "presence_penalty", "frequency_penalty")
+                  "presence_penalty", "frequency_penalty", "min_tokens")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="override a config leaf, e.g. --set num_blocks=256 (YAML value syntax)")
     for name, typ in (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
                       ("seed", int), ("repetition_penalty", float), ("presence_penalty", float),
-                      ("frequency_penalty", float)):
+                      ("frequency_penalty", float), ("min_tokens", int)):
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
                        help=f"default {name} for requests that do not set it")
     p.add_argument("--ignore-eos", action="store_true", default=None)

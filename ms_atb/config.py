@@ -72,6 +72,7 @@ class SamplingSection:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    min_tokens: int = 0
 
 
 @dataclass

@@ -70,7 +70,9 @@ class EngineLoop:
                     params = [t.request.params for t in ts]
                     histories = ([(t.seq.token_ids, t.seq.num_prompt_tokens) for t in ts]
                                  if any(p.has_penalties for p in params) else None)
-                    tokens = llm.sampler.sample(logits[rows], params, [t.generator for t in ts], histories)
+                    banned = [t.seq.stop_token_ids if t.seq.num_output_tokens < p.min_tokens and not p.ignore_eos
+                              else None for t, p in zip(ts, params)]
+                    tokens = llm.sampler.sample(logits[rows], params, [t.generator for t in ts], histories, banned)
                     for b, token, t in zip(rows, tokens, ts):
                         sampled[b] = int(token)
                         if t.logprobs is not None:

@@ -129,11 +129,17 @@ class Sampler:
         self._default_rng = np.random.default_rng()
 
     def sample(self, logits: np.ndarray, params: list[SamplingParams],
-               generators: list[np.random.Generator | None], histories=None) -> list[int]:
-        # logits: [B, V] float32; histories: see apply_penalties (needed only when a request has penalties)
+               generators: list[np.random.Generator | None], histories=None, banned=None) -> list[int]:
+        # logits: [B, V] float32; histories: see apply_penalties (needed only when a request has penalties);
+        # banned: None, or per row None or the token ids it may not take now (stop tokens before min_tokens)
         assert logits.ndim == 2 and logits.shape[0] == len(params) == len(generators), \
             (logits.shape, len(params), len(generators))
         logits = apply_penalties(logits, params, histories)
+        if banned is not None and any(banned):
+            logits = np.array(logits, dtype=np.float32)
+            for row, ids in zip(logits, banned):
+                if ids:
+                    row[list(ids)] = -np.inf
         b = logits.shape[0]
         out = [0] * b
         greedy = [i for i in range(b) if params[i].temperature == 0.0]

@@ -30,6 +30,7 @@ class SamplingParams:
     presence_penalty: float = 0.0     # subtracted from the logit of every token generated so far
     frequency_penalty: float = 0.0    # times how often each token was generated so far
     logprobs: int | None = None       # None: off; N: each output token's log-probability and the N most likely
+    min_tokens: int = 0               # no stop token (EOS, stop_token_ids) is sampled before this many
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -56,6 +57,8 @@ class SamplingParams:
             self.stop_token_ids = list(ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None (off) or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         rp = self.repetition_penalty

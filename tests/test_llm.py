@@ -183,6 +183,30 @@ def test_logprobs_match_the_numpy_reference(llm):
     assert all(v <= 0.0 for lp in sampled.logprobs for v in lp.values())
 
 
+def test_min_tokens_holds_back_stop_tokens(llm):
+    prompt = [1, 2, 3, 4, 5]
+    expected = numpy_greedy(prompt, 12)
+    stop = expected[1]
+    early = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop]),
+                         use_tqdm=False)[0]
+    assert early.token_ids == expected[:2] and early.finish_reason == "stop"
+    late = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop], min_tokens=4),
+                        use_tqdm=False)[0]
+    path = "random:tiny-llama?seed=0"                       # the numpy model, stop ids masked for 4 tokens
+    config = load_config(path)
+    weights = dict(iter_weights(path, config))
+    tokens, stops = list(prompt), {stop, llm.get_tokenizer().eos_token_id}
+    while len(tokens) - len(prompt) < 12:
+        logits = forward(weights, config, tokens)[-1].astype(np.float64)
+        if len(tokens) - len(prompt) < 4:
+            logits[list(stops)] = -np.inf
+        tokens.append(int(np.argmax(logits)))
+        if tokens[-1] in stops:
+            break
+    assert late.token_ids == tokens[len(prompt):] and len(late.token_ids) > 4
+    assert stop not in late.token_ids[:4]
+
+
 def test_seeded_sampling_is_independent_of_the_batch(llm):
     p = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
     alone = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].token_ids

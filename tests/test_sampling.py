@@ -26,6 +26,7 @@ def test_defaults_and_normalisation():
     ("ignore_eos", 1), ("ignore_eos", "yes"),
     ("repetition_penalty", 0), ("repetition_penalty", -1.0), ("repetition_penalty", float("inf")),
     ("repetition_penalty", float("nan")), ("repetition_penalty", "2"),
+    ("min_tokens", -1), ("min_tokens", 17), ("min_tokens", 1.0),
     ("logprobs", -1), ("logprobs", 21), ("logprobs", 1.0), ("logprobs", True),
     ("presence_penalty", 2.5), ("presence_penalty", float("nan")), ("frequency_penalty", -3), ("frequency_penalty", None),
 ])
@@ -202,3 +203,14 @@ def test_token_logprobs():
     assert token_logprobs(logits, 1, 0) == {1: ref[1]} and token_logprobs(logits, 2, 1) == {2: ref[2], 1: ref[1]}
     big = np.array([1000.0, 0.0], dtype=np.float32)                       # no overflow
     assert token_logprobs(big, 1, 1) == {1: -1000.0, 0: 0.0}
+
+
+def test_banned_tokens_are_never_chosen():
+    logits = np.array([[0.0, 9.0, 8.0, 1.0]] * 2, dtype=np.float32)
+    s = Sampler()
+    greedy = SamplingParams(temperature=0.0)
+    assert s.sample(logits, [greedy, greedy], [None, None], banned=[{1}, None]) == [2, 1]
+    hot = SamplingParams(temperature=5.0)
+    draws = s.sample(np.repeat(logits[:1], 200, axis=0), [hot] * 200, [np.random.default_rng(i) for i in range(200)],
+                     banned=[{1, 2}] * 200)
+    assert set(draws) == {0, 3}
