@@ -58,7 +58,8 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be an int in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}")
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens = {self.max_tokens}], "
+                             f"got {self.min_tokens!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None (off) or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         rp = self.repetition_penalty
