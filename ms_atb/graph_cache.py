@@ -6,7 +6,7 @@ far in the process, and a later process loads graph N in place of compiling it. 
 input shapes nor the model, and the path is fixed by the first graph compiled with it on. So:
 - one directory per key, which hashes everything a graph depends on: ms_atb's sources and kernel
   library, MindSpore's version, the model file(s) (path, size, mtime), the model shape, dtype,
-  device, pool and step sizes, buckets and rank;
+  device, pool and step sizes, buckets and rank, and the entry script (which MindSpore hashes too);
 - the cache is on only while one engine compiles its buckets, always in the same order, and only
   for the first engine in a process that asks for it (later ones compile as usual);
 - a new directory is written under a temporary name and renamed into place when the whole warmup
@@ -79,16 +79,20 @@ class GraphCache:
             self.status = "skipped"
             return self
         if sys.argv and sys.argv[0] and not os.path.isfile(os.path.realpath(sys.argv[0])):
-            self.status = "unavailable"          # `python -c`: MindSpore hashes the entry script, which is not a file
+            self.status = "unavailable"          # `python -c`: MindSpore hashes the entry script; none here
             return self
-        self.path = self.root / cache_key(self.parts)
+        # MindSpore also hashes the entry script and recompiles in place when it changed: one directory
+        # per script keeps two programs from overwriting each other's graphs.
+        entry = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        self.path = self.root / cache_key({**self.parts, "entry_script": entry})
         if self.path.is_dir():
             self.status, target = "loaded", self.path
         else:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise ValueError(f"context.compile_cache {str(self.root)!r}: cannot create it ({e.strerror})") from None
+                raise ValueError(f"context.compile_cache {str(self.root)!r}: cannot create it "
+                                 f"({e.strerror})") from None
             self._tmp = target = self.root / f"{self.path.name}.tmp-{os.getpid()}"
             shutil.rmtree(target, ignore_errors=True)
             self.status = "saved"

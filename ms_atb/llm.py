@@ -65,7 +65,8 @@ class LLM:
                                   device=cfg.context.device, tp_size=tp, tp_rank=self.rank)
         stats = self.runner.warmup(cfg.context.compile_cache)
         if stats["graph_cache"] != "off":
-            where = {"skipped": " (an earlier engine of this process uses it)"}.get(
+            where = {"skipped": " (an earlier engine of this process uses it)",
+                     "unavailable": " (no entry script file, as under python -c)"}.get(
                 stats["graph_cache"], f" ({stats['graph_cache_path']})")
             self._log(f"{stats['graphs']} graphs ready in {stats['seconds']:.1f} s; "
                       f"compile cache {stats['graph_cache']}{where}")
