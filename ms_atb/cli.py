@@ -17,7 +17,7 @@ import time
 from ms_atb.sampling_params import SamplingParams
 
 
-SAMPLING_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos", "repetition_penalty",
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "min_tokens")
 
 
@@ -32,7 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config leaf, e.g. --set num_blocks=256 (YAML value syntax)")
     for name, typ in (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
-                      ("seed", int), ("repetition_penalty", float), ("presence_penalty", float),
+                      ("min_p", float), ("seed", int), ("repetition_penalty", float), ("presence_penalty", float),
                       ("frequency_penalty", float), ("min_tokens", int)):
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
                        help=f"default {name} for requests that do not set it")

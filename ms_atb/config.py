@@ -68,6 +68,7 @@ class SamplingSection:
     temperature: float = 0.0
     top_k: int = -1
     top_p: float = 1.0
+    min_p: float = 0.0
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0

@@ -1,5 +1,5 @@
-"""Sampler: logits -> one token id per request (penalties, then greedy or temperature, top-k, top-p),
-seeded per request.
+"""Sampler: logits -> one token id per request (penalties, then greedy or temperature, min-p, top-k,
+top-p), seeded per request.
 
 Each sampled request takes exactly ONE uniform draw from its own generator, so its tokens depend
 only on its seed and its own logits, never on what else is in the batch. Ties are broken towards
@@ -153,6 +153,9 @@ class Sampler:
         rows = logits[sampled].astype(np.float32)                                        # [S, V]
         temps = np.array([params[i].temperature for i in sampled], dtype=np.float32)    # [S]
         e = np.exp((rows - rows.max(axis=1, keepdims=True)) / temps[:, None])            # [S, V]
+        for j, i in enumerate(sampled):                     # e is p / p_max: min-p keeps e >= min_p
+            if params[i].min_p > 0.0:
+                e[j][e[j] < params[i].min_p] = 0.0
         plain = [j for j, i in enumerate(sampled) if params[i].top_k == -1 and params[i].top_p >= 1.0]
         if plain:
             for j, t in zip(plain, _draw_rows(e[plain], u[plain])):

@@ -31,6 +31,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0    # times how often each token was generated so far
     logprobs: int | None = None       # None: off; N: each output token's log-probability and the N most likely
     min_tokens: int = 0               # no stop token (EOS, stop_token_ids) is sampled before this many
+    min_p: float = 0.0                # 0.0 = off; drops tokens less likely than min_p x the most likely one
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -43,6 +44,9 @@ class SamplingParams:
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         self.top_p = float(self.top_p)
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be a number in [0, 1] (0 = off), got {self.min_p!r}")
+        self.min_p = float(self.min_p)
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
         if self.stop is not None:

@@ -20,6 +20,7 @@ def test_defaults_and_normalisation():
     ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", "1"),
     ("top_k", 0), ("top_k", -2), ("top_k", 1.5),
     ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", float("nan")),
+    ("min_p", -0.1), ("min_p", 1.5), ("min_p", float("nan")), ("min_p", "0.1"),
     ("seed", 1.5), ("seed", "7"), ("seed", -1),
     ("stop", ""), ("stop", ["ok", ""]), ("stop", [1]), ("stop", 5),
     ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]), ("stop_token_ids", 3),
@@ -54,6 +55,8 @@ def _reference(logits_row, p, u):
         order = np.arange(len(z))                        # unfiltered: drawn in id order
     if p.top_k != -1:
         order = order[:p.top_k]
+    if p.min_p > 0.0:                                    # min-p: p / p_max >= min_p, before top-p
+        order = order[np.exp(z[order] - z.max()).astype(np.float32) >= np.float32(p.min_p)]
     probs = np.exp(z[order] - z.max())
     probs /= probs.sum()
     if p.top_p < 1.0:
@@ -88,8 +91,9 @@ def test_top_k1_and_tiny_top_p_equal_greedy():
 def test_matches_reference_exactly():
     rng = np.random.default_rng(1)
     v = 3000
-    cases = [SamplingParams(temperature=t, top_k=k, top_p=tp)
-             for t in (0.3, 1.0, 2.5) for k in (-1, 1, 5, 400) for tp in (0.05, 0.5, 0.9, 0.999, 1.0)]
+    cases = [SamplingParams(temperature=t, top_k=k, top_p=tp, min_p=mp)
+             for t in (0.3, 1.0, 2.5) for k in (-1, 1, 5, 400) for tp in (0.05, 0.5, 0.9, 0.999, 1.0)
+             for mp in (0.0, 0.05, 0.6)]
     logits = rng.standard_normal((len(cases), v)).astype(np.float32)
     logits[::4] = np.round(logits[::4])                  # many ties, also at top-k boundaries
     logits[1::7] *= 0.01                                 # flat rows: nuclei bigger than the probe
@@ -134,11 +138,15 @@ def _chi_square(counts, probs):
     (SamplingParams(temperature=0.7), 6),
     (SamplingParams(temperature=1.3, top_k=3), 3),
     (SamplingParams(temperature=1.0, top_p=0.8), None),
+    (SamplingParams(temperature=1.0, min_p=0.3), 2),                      # p / p_max: 1, 0.37, 0.22, ...
+    (SamplingParams(temperature=2.0, min_p=0.3, top_k=3), 3),             # at T=2: 1, 0.61, 0.47, 0.37, ...
 ])
 def test_distribution(params, support):
     logits_row = np.array([2.0, 1.0, 0.5, 0.0, -0.5, -1.0], np.float32)
     z = logits_row.astype(np.float64) / params.temperature
     probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    probs[probs < params.min_p * probs.max()] = 0.0
     probs /= probs.sum()
     if params.top_k != -1:
         probs[params.top_k:] = 0.0
