@@ -53,6 +53,13 @@ def _near_fits(bm, n, slack, limit):
     return out
 
 
+def _max_growth(bm, req, placed: int = 0) -> int:
+    """Blocks req may still append at most (all of its max_tokens), once `placed` more blocks are its."""
+    if req is None or req.max_len is None:
+        return 0
+    return max(0, -(-req.max_len // bm._block_size) - len(req.block_ids) - placed)
+
+
 def _growth_blocks(bm, req) -> int:
     """Blocks the request (None: no request) is expected to append still."""
     return 0 if req is None else bm._growth_blocks(req)
@@ -242,6 +249,34 @@ class OrphansFirst(BlockManager):
         return min(super()._first_block_in(start, num_new), start + (self._starts[start] - start - num_new) // 2)
 
 
+class FullRoomWhenAmple(BlockManager):
+    """At low load, the left neighbour gets its whole worst-case growth as room when the range also holds
+    the prompt and the prompt's own worst case (POOL: when the free pool holds every live request's
+    worst case); otherwise the kept room."""
+    POOL = False
+
+    def _take_new_contiguous(self, req, num_new):
+        self._placing = req
+        return super()._take_new_contiguous(req, num_new)
+
+    def _first_block_in(self, start, num_new):
+        if start - 1 in self._tails:
+            room, size = _max_growth(self, self._owner[start - 1]), self._starts[start] - start
+            own = _max_growth(self, self._placing, num_new)
+            if self.POOL:
+                need = sum(_max_growth(self, r) for r in self._requests.values()) + num_new + own
+                ample = need <= self.num_free_blocks and size >= room + num_new
+            else:
+                ample = size >= room + num_new + own
+            if ample:
+                return start + room
+        return super()._first_block_in(start, num_new)
+
+
+class FullRoomWhilePoolFits(FullRoomWhenAmple):
+    POOL = True
+
+
 class ScatterSmallestFirst(BlockManager):
     """With no fitting range, scatter from the smallest ranges up."""
 
@@ -306,6 +341,8 @@ VARIANTS = {
     "aligned in orphans (16)": (AlignedInOrphans, False),
     "scatter smallest first": (ScatterSmallestFirst, False),
     "orphans first (slack 4)": (OrphansFirst, False),
+    "full room when the range is ample": (FullRoomWhenAmple, False),
+    "full room while the pool fits all": (FullRoomWhilePoolFits, False),
     "oracle: kept policy": (BlockManager, True),
     "oracle: previous policy": (PreviousPolicy, True),
     "oracle: exact footprint": (OracleExactFootprint, True),
