@@ -17,8 +17,10 @@ import time
 from ms_atb.sampling_params import SamplingParams
 
 
-SAMPLING_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "repetition_penalty",
-                  "presence_penalty", "frequency_penalty", "min_tokens")
+# Sampling defaults settable on the command line (--max-tokens ...), with their types; plus --ignore-eos.
+SAMPLING_FLAGS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "min_p": float,
+                  "seed": int, "repetition_penalty": float, "presence_penalty": float,
+                  "frequency_penalty": float, "min_tokens": int}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,9 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chat", action="store_true", help="apply the chat template to plain prompts")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config leaf, e.g. --set num_blocks=256 (YAML value syntax)")
-    for name, typ in (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
-                      ("min_p", float), ("seed", int), ("repetition_penalty", float), ("presence_penalty", float),
-                      ("frequency_penalty", float), ("min_tokens", int)):
+    for name, typ in SAMPLING_FLAGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
                        help=f"default {name} for requests that do not set it")
     p.add_argument("--ignore-eos", action="store_true", default=None)
@@ -142,7 +142,7 @@ def _main(args) -> int:
     # Configuration and sampling fields are checked before the engine is built, prompts after.
     cfg = EngineConfig.load(args.config, **overrides)
     defaults = {k: v for k, v in vars(args).items()
-                if k in SAMPLING_FLAGS and v is not None}
+                if (k in SAMPLING_FLAGS or k == "ignore_eos") and v is not None}
     pending = []
     for n, item in enumerate(items):
         if item["id"] in skip:

@@ -159,9 +159,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if kv.num_blocks != "auto" and (not isinstance(kv.num_blocks, int) or kv.num_blocks < 1):
             raise ValueError(f"kv_cache.num_blocks must be an integer >= 1 or 'auto', got {kv.num_blocks!r}")
-        cache = self.context.compile_cache
-        if cache and os.path.exists(os.path.expanduser(cache)) and not os.path.isdir(os.path.expanduser(cache)):
-            raise ValueError(f"context.compile_cache must be a directory, got the file {cache!r}")
+        cache = self.context.compile_cache and os.path.expanduser(self.context.compile_cache)
+        if cache and os.path.exists(cache) and not os.path.isdir(cache):
+            raise ValueError(f"context.compile_cache must be a directory, got the file {self.context.compile_cache!r}")
         if self.context.seed < 0:
             raise ValueError(f"context.seed must be an integer >= 0, got {self.context.seed}")
         if parse_size(kv.memory_budget, "kv_cache.memory_budget") < 1:

@@ -116,11 +116,6 @@ class GraphCache:
                 except OSError:                  # another process renamed its copy first
                     pass
             shutil.rmtree(self._tmp, ignore_errors=True)
-        elif exc_type is not None:
-            self.discard()
-        return False
-
-    def discard(self) -> None:
-        """Removes this key's directory (a cache that failed to load)."""
-        if self.path is not None:
+        elif exc_type is not None:                # a cache that failed to load: remove it
             shutil.rmtree(self.path, ignore_errors=True)
+        return False

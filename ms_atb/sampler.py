@@ -134,9 +134,10 @@ class Sampler:
         # banned: None, or per row None or the token ids it may not take now (stop tokens before min_tokens)
         assert logits.ndim == 2 and logits.shape[0] == len(params) == len(generators), \
             (logits.shape, len(params), len(generators))
-        logits = apply_penalties(logits, params, histories)
+        given, logits = logits, apply_penalties(logits, params, histories)
         if banned is not None and any(banned):
-            logits = np.array(logits, dtype=np.float32)
+            if logits is given:                             # never write into the caller's logits
+                logits = np.array(given, dtype=np.float32)
             for row, ids in zip(logits, banned):
                 if ids:
                     row[list(ids)] = -np.inf

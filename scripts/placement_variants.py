@@ -273,10 +273,6 @@ class FullRoomWhenAmple(BlockManager):
         return super()._first_block_in(start, num_new)
 
 
-class FullRoomWhilePoolFits(FullRoomWhenAmple):
-    POOL = True
-
-
 class ScatterSmallestFirst(BlockManager):
     """With no fitting range, scatter from the smallest ranges up."""
 
@@ -342,7 +338,7 @@ VARIANTS = {
     "scatter smallest first": (ScatterSmallestFirst, False),
     "orphans first (slack 4)": (OrphansFirst, False),
     "full room when the range is ample": (FullRoomWhenAmple, False),
-    "full room while the pool fits all": (FullRoomWhilePoolFits, False),
+    "full room while the pool fits all": (type("FullRoomWhilePoolFits", (FullRoomWhenAmple,), {"POOL": True}), False),
     "oracle: kept policy": (BlockManager, True),
     "oracle: previous policy": (PreviousPolicy, True),
     "oracle: exact footprint": (OracleExactFootprint, True),

@@ -217,7 +217,9 @@ def test_banned_tokens_are_never_chosen():
     logits = np.array([[0.0, 9.0, 8.0, 1.0]] * 2, dtype=np.float32)
     s = Sampler()
     greedy = SamplingParams(temperature=0.0)
+    before = logits.copy()
     assert s.sample(logits, [greedy, greedy], [None, None], banned=[{1}, None]) == [2, 1]
+    np.testing.assert_array_equal(logits, before)                        # the caller's logits are untouched
     hot = SamplingParams(temperature=5.0)
     draws = s.sample(np.repeat(logits[:1], 200, axis=0), [hot] * 200, [np.random.default_rng(i) for i in range(200)],
                      banned=[{1, 2}] * 200)
