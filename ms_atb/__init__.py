@@ -1,7 +1,7 @@
 """ms_atb: a MindSpore-native LLM inference engine built around a paged KV cache."""
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 
 def __getattr__(name):
@@ -12,7 +12,7 @@ def __getattr__(name):
     if name == "SamplingParams":
         from ms_atb.sampling_params import SamplingParams
         return SamplingParams
-    if name == "RequestOutput":
-        from ms_atb.outputs import RequestOutput
-        return RequestOutput
+    if name in ("RequestOutput", "CompletionOutput"):
+        from ms_atb import outputs
+        return getattr(outputs, name)
     raise AttributeError(f"module 'ms_atb' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from ms_atb.sampling_params import SamplingParams
 # Sampling defaults settable on the command line (--max-tokens ...), with their types; plus --ignore-eos.
 SAMPLING_FLAGS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "min_p": float,
                   "seed": int, "repetition_penalty": float, "presence_penalty": float,
-                  "frequency_penalty": float, "min_tokens": int}
+                  "frequency_penalty": float, "min_tokens": int, "n": int}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -184,6 +184,8 @@ def _main(args) -> int:
                           "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}
                 if o.logprobs is not None:          # keys become strings in JSON
                     record.update(logprobs=o.logprobs, cumulative_logprob=o.cumulative_logprob)
+                if len(o.outputs) > 1:              # SamplingParams n > 1: every sample; the fields above are the first's
+                    record["outputs"] = [_sample_record(c) for c in o.outputs]
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
                 out.flush()
     finally:
@@ -192,6 +194,13 @@ def _main(args) -> int:
     if rank0:
         print(format_summary(summarize(outputs, time.perf_counter() - t0, llm.stats())), file=sys.stderr)
     return 0
+
+
+def _sample_record(c) -> dict:
+    record = {"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+    if c.logprobs is not None:
+        record.update(logprobs=c.logprobs, cumulative_logprob=c.cumulative_logprob)
+    return record
 
 
 if __name__ == "__main__":

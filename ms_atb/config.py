@@ -74,6 +74,7 @@ class SamplingSection:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_tokens: int = 0
+    n: int = 1
 
 
 @dataclass

@@ -7,18 +7,18 @@ from typing import Iterator
 import numpy as np
 
 from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
-from ms_atb.outputs import RequestMetrics, RequestOutput
+from ms_atb.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ms_atb.request import Request
 from ms_atb.sampler import token_logprobs
 from ms_atb.sequence import Sequence, SequenceStatus
 
 
 class _Tracked:
-    """A request in flight: its sequence, its text so far and its random generator."""
-    __slots__ = ("request", "seq", "detok", "text", "generator", "stop_reason", "logprobs")
+    """One sample of a request in flight: its sequence, its text so far and its random generator."""
+    __slots__ = ("request", "sample", "seq", "detok", "text", "generator", "stop_reason", "logprobs")
 
-    def __init__(self, request: Request, seq: Sequence, detok, generator):
-        self.request, self.seq, self.detok, self.generator = request, seq, detok, generator
+    def __init__(self, request: Request, sample: int, seq: Sequence, detok, generator):
+        self.request, self.sample, self.seq, self.detok, self.generator = request, sample, seq, detok, generator
         self.text = ""
         self.stop_reason = None
         self.logprobs: list[dict[int, float]] | None = None if request.params.logprobs is None else []
@@ -28,7 +28,9 @@ class EngineLoop:
     def __init__(self, llm, requests: list[Request]):
         self.llm = llm
         self.requests = requests
-        self.tracked: dict[str, _Tracked] = {}
+        self.tracked: dict[str, _Tracked] = {}       # by sequence id
+        self.done: dict[int, list[_Tracked]] = {}     # by id(request): its finished samples
+        self.request_ids: set[str] = set()
         self.failed = False
         self.num_output_tokens = 0
         self.usage: list[float] = []
@@ -41,17 +43,14 @@ class EngineLoop:
         if tok is None and llm.model_config.eos_token_id is not None:
             eos.add(llm.model_config.eos_token_id)
         self.start = now = time.perf_counter()
-        for r in self.requests:
-            p = r.params
-            seq = Sequence(r.request_id, r.prompt_token_ids, p.max_tokens, p.ignore_eos,
-                           eos | set(p.stop_token_ids or ()), arrival_time=now)
-            gen = None
-            if not p.greedy:
-                seed = p.seed if p.seed is not None else [llm.config.context.seed, llm._next_id, r.index]
-                gen = np.random.default_rng(seed)
-            detok = IncrementalDetokenizer(tok, r.prompt_token_ids) if tok is not None else None
-            self.tracked[r.request_id] = _Tracked(r, seq, detok, gen)
-            sched.add(seq)
+        try:
+            for r in self.requests:
+                self._track(r, eos, now)
+        except ValueError:
+            self.tracked.clear()                      # nothing was added to the scheduler
+            raise
+        for t in self.tracked.values():
+            sched.add(t.seq)
         bar = _progress(len(self.requests), use_tqdm)
         try:
             while sched.has_unfinished():
@@ -96,11 +95,16 @@ class EngineLoop:
                         t.text += tail
                         if tail and self._cut_at_stop(t, len(tail)):
                             seq.finish_reason = "stop"
+                    samples = self.done.setdefault(id(t.request), [])
+                    samples.append(t)
+                    if len(samples) < t.request.params.n:
+                        continue
+                    del self.done[id(t.request)]
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix_str(f"{self.num_output_tokens / (now - self.start):.1f} tok/s",
                                             refresh=False)
-                    yield t.request.index, self._output(t)
+                    yield t.request.index, self._output(sorted(samples, key=lambda x: x.sample))
         finally:
             self.end = time.perf_counter()
             if bar is not None:
@@ -131,16 +135,43 @@ class EngineLoop:
         t.text = t.text[:at]
         return True
 
-    def _output(self, t: _Tracked) -> RequestOutput:
-        seq = t.seq
+    def _track(self, r: Request, eos: set, now: float) -> None:
+        """Makes the sequences of one request: one per sample."""
+        llm, p = self.llm, r.params
+        tok = llm.tokenizer
+        ids = [r.request_id] if p.n == 1 else [f"{r.request_id}#{i}" for i in range(p.n)]
+        if r.request_id in self.request_ids or any(i in self.tracked for i in ids):
+            raise ValueError(f"request {r.index}: id {r.request_id!r} is used twice in this batch")
+        self.request_ids.add(r.request_id)
+        for i, seq_id in enumerate(ids):
+            seq = Sequence(seq_id, r.prompt_token_ids, p.max_tokens, p.ignore_eos,
+                           eos | set(p.stop_token_ids or ()), arrival_time=now)
+            gen = None
+            if not p.greedy:   # sample i > 0 of a seeded request: its own stream, derived from the seed
+                seed = [p.seed] if p.seed is not None else [llm.config.context.seed, llm._next_id, r.index]
+                gen = np.random.default_rng(seed + [i] if i else seed)
+            detok = IncrementalDetokenizer(tok, r.prompt_token_ids) if tok is not None else None
+            self.tracked[seq_id] = _Tracked(r, i, seq, detok, gen)
+
+    @staticmethod
+    def _output(samples: list[_Tracked]) -> RequestOutput:
+        first, seqs = samples[0], [t.seq for t in samples]
+
+        def earliest(times):
+            times = [x for x in times if x is not None]
+            return min(times) if times else None
+        completions = [CompletionOutput(t.sample, t.text, t.seq.output_token_ids, t.seq.finish_reason,
+                                        t.stop_reason, t.logprobs) for t in samples]
+        c = completions[0]
         return RequestOutput(
-            request_id=seq.request_id, prompt=t.request.prompt,
-            prompt_token_ids=list(t.request.prompt_token_ids), text=t.text,
-            token_ids=seq.output_token_ids, finish_reason=seq.finish_reason,
-            num_cached_tokens=seq.num_cached_tokens,
-            metrics=RequestMetrics(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
-                                   seq.finish_time, seq.num_output_tokens),
-            stop_reason=t.stop_reason, logprobs=t.logprobs)
+            request_id=first.request.request_id, prompt=first.request.prompt,
+            prompt_token_ids=list(first.request.prompt_token_ids), text=c.text,
+            token_ids=c.token_ids, finish_reason=c.finish_reason,
+            num_cached_tokens=first.seq.num_cached_tokens,
+            metrics=RequestMetrics(first.seq.arrival_time, earliest(s.first_scheduled_time for s in seqs),
+                                   earliest(s.first_token_time for s in seqs),
+                                   max(s.finish_time for s in seqs), max(s.num_output_tokens for s in seqs)),
+            stop_reason=c.stop_reason, logprobs=c.logprobs, outputs=completions)
 
     def abort_unfinished(self) -> None:
         """Drops what did not finish. After a failure inside a step, blocks committed for that
@@ -150,6 +181,7 @@ class EngineLoop:
             if t.seq.status is not SequenceStatus.FINISHED:
                 sched.finish(t.seq, "abort")
         self.tracked.clear()
+        self.done.clear()
         if self.failed:
             self.llm.scheduler = self.llm.new_scheduler()
 

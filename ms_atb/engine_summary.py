@@ -7,7 +7,7 @@ import numpy as np
 def summarize(outputs, elapsed_s: float, stats: dict) -> dict:
     ttfts = [o.metrics.ttft for o in outputs if o.metrics.ttft is not None]
     tpots = [o.metrics.tpot for o in outputs if o.metrics.tpot is not None]
-    num_out = sum(len(o.token_ids) for o in outputs)
+    num_out = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     num_prompt = sum(len(o.prompt_token_ids) for o in outputs)
 
     def pct(xs, q):

@@ -32,8 +32,11 @@ class SamplingParams:
     logprobs: int | None = None       # None: off; N: each output token's log-probability and the N most likely
     min_tokens: int = 0               # no stop token (EOS, stop_token_ids) is sampled before this many
     min_p: float = 0.0                # 0.0 = off; drops tokens less likely than min_p x the most likely one
+    n: int = 1                        # samples of this prompt (RequestOutput.outputs); they share its cached KV
 
     def __post_init__(self):
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1 (samples per prompt), got {self.n!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):
