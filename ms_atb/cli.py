@@ -3,7 +3,9 @@
 Input: a text file (one prompt per line) or JSONL lines with "prompt" (a string or token ids)
 or "messages" (a chat), an optional "id" and optional sampling fields. Each request is written
 and flushed as soon as it finishes; --resume skips ids already in the output, so an interrupted
-run loses nothing and duplicates nothing.
+run loses nothing and duplicates nothing. With --skip-invalid, a request that cannot run (bad JSON,
+a bad sampling field, a prompt too long...) is written as {"id", "error"} and the others run;
+--resume counts those lines as done.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ms_atb.sampling_params import SamplingParams
 # Sampling defaults settable on the command line (--max-tokens ...), with their types; plus --ignore-eos.
 SAMPLING_FLAGS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "min_p": float,
                   "seed": int, "repetition_penalty": float, "presence_penalty": float,
-                  "frequency_penalty": float, "min_tokens": int, "n": int}
+                  "frequency_penalty": float, "min_tokens": int, "n": int, "truncate_prompt_tokens": int}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,6 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="skip ids already in --output and append")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--chat", action="store_true", help="apply the chat template to plain prompts")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="write an error line for each invalid request and run the others (default: stop)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config leaf, e.g. --set num_blocks=256 (YAML value syntax)")
     for name, typ in SAMPLING_FLAGS.items():
@@ -41,8 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_requests(path: str) -> list[dict]:
-    """Lines -> [{"id", "prompt" | "messages", sampling fields...}]; ValueError naming the line."""
+def read_requests(path: str, skip_invalid: bool = False) -> list[dict]:
+    """Lines -> [{"id", "prompt" | "messages", sampling fields...}]; ValueError naming the line.
+    skip_invalid: a line that is not a request becomes {"id", "_line", "_error"} instead."""
     if not os.path.isfile(path):
         problem = "is a directory, not a file" if os.path.isdir(path) else "not found"
         raise ValueError(f"--input {path!r} {problem}")
@@ -51,29 +56,41 @@ def read_requests(path: str) -> list[dict]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")   # a BOM, CRLF
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            if not line.strip():
-                continue
-            if not jsonl:
-                items.append({"id": f"line-{lineno}", "prompt": line.replace("\\n", "\n")})
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
-                raise ValueError(f"{path}:{lineno}: each line needs exactly one of 'prompt' or 'messages'")
-            item.setdefault("id", f"line-{lineno}")
-            item["id"] = str(item["id"])
-            item["_line"] = lineno
-            items.append(item)
+                items.extend(_parse_line(raw, lineno, path, jsonl))
+            except ValueError as e:
+                if not skip_invalid:
+                    raise
+                rid = getattr(e, "request_id", None) or f"line-{lineno}"
+                items.append({"id": rid, "_line": lineno, "_error": str(e)})
     ids = [i["id"] for i in items]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
         raise ValueError(f"{path}: id {dup!r} appears more than once")
     return items
+
+
+def _parse_line(raw: bytes, lineno: int, path: str, jsonl: bool) -> list[dict]:
+    """[] for a blank line, else [one request]."""
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")   # a BOM, CRLF
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not line.strip():
+        return []
+    if not jsonl:
+        return [{"id": f"line-{lineno}", "prompt": line.replace("\\n", "\n")}]
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+        error = ValueError(f"{path}:{lineno}: each line needs exactly one of 'prompt' or 'messages'")
+        error.request_id = str(item["id"]) if isinstance(item, dict) and "id" in item else None
+        raise error
+    item.setdefault("id", f"line-{lineno}")
+    item["id"] = str(item["id"])
+    item["_line"] = lineno
+    return [item]
 
 
 def done_ids(path: str) -> set[str]:
@@ -120,7 +137,7 @@ def _main(args) -> int:
     from ms_atb.llm import LLM
     from ms_atb.engine_summary import format_summary, summarize
 
-    items = read_requests(args.input)
+    items = read_requests(args.input, args.skip_invalid)
     if os.path.isdir(args.output):
         raise ValueError(f"--output {args.output!r} is a directory; give a file path such as {args.output}/out.jsonl")
     if os.path.exists(args.output) and not (args.resume or args.overwrite):
@@ -143,16 +160,27 @@ def _main(args) -> int:
     cfg = EngineConfig.load(args.config, **overrides)
     defaults = {k: v for k, v in vars(args).items()
                 if (k in SAMPLING_FLAGS or k == "ignore_eos") and v is not None}
+    invalid = []                  # error records of the requests skipped by --skip-invalid
+
+    def reject(item, message):
+        if not args.skip_invalid:
+            raise ValueError(message)
+        invalid.append({"id": item["id"], "error": message})
+
     pending = []
     for n, item in enumerate(items):
         if item["id"] in skip:
+            continue
+        if "_error" in item:
+            invalid.append({"id": item["id"], "error": item["_error"]})
             continue
         where = f"{args.input}:{item.get('_line', n + 1)} (id {item['id']!r})"
         fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line")}
         try:
             params = SamplingParams.from_dict({**dataclasses.asdict(cfg.sampling), **defaults, **fields})
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+            reject(item, f"{where}: {e}")
+            continue
         pending.append((item, where, params))
     llm = LLM(args.config, **overrides)
     requests = []
@@ -166,15 +194,20 @@ def _main(args) -> int:
             requests.append(llm.make_request(prompt, params, len(requests), request_id=item["id"],
                                              add_special_tokens=special))
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+            reject(item, f"{where}: {e}")
     rank0 = llm.rank == 0
     if rank0:
-        print(f"[ms_atb] {len(requests)} requests to run ({len(skip)} already in {args.output}); "
+        skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""
+        print(f"[ms_atb] {len(requests)} requests to run ({len(skip)} already in {args.output}{skipped}); "
               f"engine built in {llm.build_seconds:.1f} s", file=sys.stderr)
     outputs = []
     t0 = time.perf_counter()
     out = open(args.output, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
     try:
+        if out is not None:
+            for record in invalid:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
         for index, o in llm.generate_iter(requests, use_tqdm=not args.no_progress):
             outputs.append(o)
             if out is not None:

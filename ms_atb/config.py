@@ -75,6 +75,7 @@ class SamplingSection:
     frequency_penalty: float = 0.0
     min_tokens: int = 0
     n: int = 1
+    truncate_prompt_tokens: Union[int, None] = None
 
 
 @dataclass

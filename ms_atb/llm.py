@@ -198,6 +198,8 @@ class LLM:
                                  f"array), got {type(prompt).__name__}")
             if not ids:
                 raise ValueError("the prompt is empty")
+            if params.truncate_prompt_tokens is not None:
+                ids = ids[-params.truncate_prompt_tokens:]       # the last K tokens, as in vLLM
             vocab = self.model_config.vocab_size
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:

@@ -33,10 +33,14 @@ class SamplingParams:
     min_tokens: int = 0               # no stop token (EOS, stop_token_ids) is sampled before this many
     min_p: float = 0.0                # 0.0 = off; drops tokens less likely than min_p x the most likely one
     n: int = 1                        # samples of this prompt (RequestOutput.outputs); they share its cached KV
+    truncate_prompt_tokens: int | None = None   # None: off; K: keep only the prompt's last K tokens
 
     def __post_init__(self):
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an int >= 1 (samples per prompt), got {self.n!r}")
+        k = self.truncate_prompt_tokens
+        if k is not None and (not _is_int(k) or k < 1):
+            raise ValueError(f"truncate_prompt_tokens must be None (off) or an int >= 1, got {k!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):

@@ -103,6 +103,36 @@ def test_bad_request_is_reported_before_any_work(tmp_path, capsys):
     assert not out.exists() or out.read_text() == ""
 
 
+def test_skip_invalid_writes_error_lines_and_runs_the_rest(tmp_path, capsys):
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "ok", "prompt": [1, 2, 3]}\n'
+                   '{"id": "temp", "prompt": [1], "temperature": -1}\n'
+                   'not json\n'
+                   '{"id": "neither"}\n'
+                   '{"id": "long", "prompt": ' + json.dumps(list(range(300))) + '}\n'
+                   '{"id": "cut", "prompt": ' + json.dumps(list(range(300))) + ', "truncate_prompt_tokens": 10}\n'
+                   '{"id": "vocab", "prompt": [999999]}\n')
+    out = tmp_path / "o.jsonl"
+    args = ["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--max-tokens", "3",
+            "--ignore-eos", "--set", "max_num_batched_tokens=64", "--set", "max_model_len=128"]
+    assert main(args + ["--skip-invalid"]) == 0
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == ["cut", "line-3", "long", "neither", "ok", "temp", "vocab"]
+    assert len(rows["ok"]["token_ids"]) == 3 and "error" not in rows["ok"]
+    assert rows["cut"]["num_prompt_tokens"] == 10 and len(rows["cut"]["token_ids"]) == 3
+    expected = {"temp": "p.jsonl:2 (id 'temp'): temperature", "line-3": "p.jsonl:3: not valid JSON",
+                "neither": "p.jsonl:4: each line needs exactly one of", "long": "p.jsonl:5 (id 'long')",
+                "vocab": "outside the vocabulary"}
+    for rid, text in expected.items():
+        assert text in rows[rid]["error"] and "text" not in rows[rid], rows[rid]
+    assert "5 invalid written as error lines" in capsys.readouterr().err
+    # --resume counts error lines as done; without --skip-invalid the first bad line stops the run.
+    assert main(args + ["--skip-invalid", "--resume"]) == 0
+    assert len(out.read_text().splitlines()) == 7
+    assert main(args + ["--overwrite"]) == 2
+    assert "p.jsonl:3: not valid JSON" in capsys.readouterr().err
+
+
 def _cmd(inp, out, *extra):
     return [sys.executable, "-m", "ms_atb.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
             "--no-progress", "--max-tokens", "24", "--ignore-eos", "--set", "max_num_batched_tokens=16",

@@ -145,6 +145,16 @@ def test_token_ids_as_tuples_and_numpy_arrays(llm):
     assert [o.prompt_token_ids for o in rows] == [ids, ids[::-1]] and rows[0].token_ids == expected
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
+    long = [i * 7 % 500 + 1 for i in range(600)]          # over the tiny model's max_model_len (512)
+    with pytest.raises(ValueError, match="request 0"):
+        llm.generate([long], GREEDY, use_tqdm=False)
+    cut = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, truncate_prompt_tokens=9)
+    out = llm.generate([long, [5, 6]], cut, use_tqdm=False)
+    assert out[0].prompt_token_ids == long[-9:] and out[0].token_ids == numpy_greedy(long[-9:], 12)
+    assert out[1].prompt_token_ids == [5, 6]                # shorter prompts are left alone
+
+
 def test_penalties_match_the_numpy_reference(llm):
     prompts = [[7, 7, 7, 8], list(range(100, 130))]
     cases = [dict(repetition_penalty=1.8), dict(presence_penalty=1.5, frequency_penalty=0.7),
