@@ -204,8 +204,10 @@ class LLM:
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-            if params.stop_token_ids and any(t >= vocab for t in params.stop_token_ids):
-                raise ValueError(f"stop_token_ids must be < vocab size {vocab}")
+            named = [t for t in params.token_ids_used if t >= vocab]
+            if named:
+                raise ValueError(f"token id {named[0]} in the sampling parameters (stop_token_ids, "
+                                 f"logit_bias, allowed_token_ids) is outside the vocabulary [0, {vocab})")
             self.scheduler.check(len(ids), params.max_tokens)
         except ValueError as e:
             raise ValueError(f"request {index}: {e}") from None

@@ -1,5 +1,5 @@
-"""Sampler: logits -> one token id per request (penalties, then greedy or temperature, min-p, top-k,
-top-p), seeded per request.
+"""Sampler: logits -> one token id per request (penalties, logit bias and token masks, then greedy or
+temperature, min-p, top-k, top-p), seeded per request.
 
 Each sampled request takes exactly ONE uniform draw from its own generator, so its tokens depend
 only on its seed and its own logits, never on what else is in the batch. Ties are broken towards
@@ -114,6 +114,34 @@ def apply_penalties(logits: np.ndarray, params: list[SamplingParams], histories)
     return out
 
 
+def apply_bias_and_masks(logits: np.ndarray, params: list[SamplingParams], banned=None,
+                         owned: bool = False) -> np.ndarray:
+    """logits [B, V] with each request's logit_bias added, tokens outside its allowed_token_ids and
+    its banned ones (banned[b]: stop tokens before min_tokens) at -inf. A ban that would leave no
+    token at all is skipped. Writes into logits only when owned (else into a copy)."""
+    rows = [b for b, p in enumerate(params)
+            if p.logit_bias or p.allowed_token_ids is not None or (banned is not None and banned[b])]
+    if not rows:
+        return logits
+    out = logits if owned else np.array(logits, dtype=np.float32)
+    for b in rows:
+        p, row = params[b], out[b]                                  # row [V], a view
+        if p.logit_bias:
+            ids = np.fromiter(p.logit_bias, dtype=np.int64, count=len(p.logit_bias))
+            row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32, count=len(ids))
+        if p.allowed_token_ids is not None:
+            kept = row[p.allowed_token_ids]
+            row[:] = -np.inf
+            row[p.allowed_token_ids] = kept
+        if banned is not None and banned[b]:
+            ids = list(banned[b])
+            saved = row[ids]
+            row[ids] = -np.inf
+            if not np.isfinite(row).any():                          # nothing left: no ban this step
+                row[ids] = saved
+    return out
+
+
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> dict[int, float]:
     """{token id: log-probability} under the model's distribution (logits [V] before penalties and
     temperature): the chosen token and the `top` most likely ones (ties: lowest ids)."""
@@ -135,12 +163,7 @@ class Sampler:
         assert logits.ndim == 2 and logits.shape[0] == len(params) == len(generators), \
             (logits.shape, len(params), len(generators))
         given, logits = logits, apply_penalties(logits, params, histories)
-        if banned is not None and any(banned):
-            if logits is given:                             # never write into the caller's logits
-                logits = np.array(given, dtype=np.float32)
-            for row, ids in zip(logits, banned):
-                if ids:
-                    row[list(ids)] = -np.inf
+        logits = apply_bias_and_masks(logits, params, banned, owned=logits is not given)
         b = logits.shape[0]
         out = [0] * b
         greedy = [i for i in range(b) if params[i].temperature == 0.0]

@@ -16,6 +16,21 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _token_bias(bias) -> dict[int, float]:
+    """{token id: bias}; keys may be digit strings (JSON objects), biases in [-100, 100]."""
+    error = f"logit_bias must map token ids (ints >= 0) to numbers in [-100, 100], got {bias!r}"
+    if not isinstance(bias, dict):
+        raise ValueError(error)
+    out = {}
+    for key, value in bias.items():
+        if isinstance(key, str) and key.isdigit():
+            key = int(key)
+        if not _is_int(key) or key < 0 or not _is_number(value) or not -100 <= value <= 100:
+            raise ValueError(error)
+        out[key] = float(value)
+    return out
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -34,6 +49,8 @@ class SamplingParams:
     min_p: float = 0.0                # 0.0 = off; drops tokens less likely than min_p x the most likely one
     n: int = 1                        # samples of this prompt (RequestOutput.outputs); they share its cached KV
     truncate_prompt_tokens: int | None = None   # None: off; K: keep only the prompt's last K tokens
+    logit_bias: dict[int, float] | None = None  # added to those tokens' logits (after the penalties)
+    allowed_token_ids: list[int] | None = None  # only these tokens may be sampled
 
     def __post_init__(self):
         if not _is_int(self.n) or self.n < 1:
@@ -73,6 +90,13 @@ class SamplingParams:
                              f"got {self.min_tokens!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None (off) or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.logit_bias is not None:
+            self.logit_bias = _token_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(t) and t >= 0 for t in ids):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of ints >= 0, got {ids!r}")
+            self.allowed_token_ids = sorted(set(ids))
         rp = self.repetition_penalty
         if not _is_number(rp) or not 0 < rp < float("inf"):
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), got {rp!r}")
@@ -82,6 +106,11 @@ class SamplingParams:
             if not _is_number(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
             setattr(self, name, float(value))
+
+    @property
+    def token_ids_used(self) -> list[int]:
+        """Every token id the parameters name (each must be in the vocabulary)."""
+        return [*(self.stop_token_ids or ()), *(self.logit_bias or ()), *(self.allowed_token_ids or ())]
 
     @property
     def greedy(self) -> bool:

@@ -155,6 +155,22 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
     assert out[1].prompt_token_ids == [5, 6]                # shorter prompts are left alone
 
 
+def test_allowed_token_ids_and_logit_bias_match_the_numpy_reference(llm):
+    prompt, allowed = [2, 7, 1, 8, 2, 8], [5, 50, 77, 300, 411]
+    bias = {50: 0.5, 300: -0.25}
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, allowed_token_ids=allowed,
+                            logit_bias=bias)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    path = "random:tiny-llama?seed=0"
+    config = load_config(path)
+    weights = dict(iter_weights(path, config))
+    tokens = list(prompt)
+    for _ in range(8):
+        logits = forward(weights, config, tokens)[-1]
+        tokens.append(max(allowed, key=lambda t: (logits[t] + bias.get(t, 0.0), -t)))
+    assert out.token_ids == tokens[len(prompt):] and len(set(out.token_ids)) > 1
+
+
 def test_penalties_match_the_numpy_reference(llm):
     prompts = [[7, 7, 7, 8], list(range(100, 130))]
     cases = [dict(repetition_penalty=1.8), dict(presence_penalty=1.5, frequency_penalty=0.7),
@@ -280,6 +296,8 @@ def test_stop_string_completed_by_the_final_flush(llm):
     (np.array([1.0, 2.0]), None, r"request 1: a token-id prompt must be a list of ints"),
     (np.array([[1, 2]]), None, r"request 1: a prompt must be a string or a list of token ids"),
     (b"abc", None, r"request 1: a prompt must be a string or a list of token ids .* got bytes"),
+    ([1, 2], SamplingParams(logit_bias={600: 1.0}), r"request 1: token id 600 in the sampling parameters"),
+    ([1, 2], SamplingParams(allowed_token_ids=[3, 512]), r"request 1: token id 512 in the sampling parameters"),
 ])
 def test_bad_requests_are_rejected_before_any_work(llm, prompt, params, match):
     steps = llm.scheduler.num_steps

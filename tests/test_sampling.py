@@ -224,3 +224,41 @@ def test_banned_tokens_are_never_chosen():
     draws = s.sample(np.repeat(logits[:1], 200, axis=0), [hot] * 200, [np.random.default_rng(i) for i in range(200)],
                      banned=[{1, 2}] * 200)
     assert set(draws) == {0, 3}
+
+
+def test_logit_bias_and_allowed_token_ids_validate():
+    p = SamplingParams(logit_bias={"7": 2, 3: -1.5}, allowed_token_ids=(9, 2, 9))
+    assert p.logit_bias == {7: 2.0, 3: -1.5} and p.allowed_token_ids == [2, 9]      # JSON keys, duplicates
+    assert sorted(p.token_ids_used) == [2, 3, 7, 9]
+    for bad in ({"x": 1}, {-1: 1}, {1: 101}, {1: float("nan")}, [1, 2], {1.0: 1}):
+        with pytest.raises(ValueError, match="logit_bias must map token ids"):
+            SamplingParams(logit_bias=bad)
+    for bad in ([], [-1], [1.5], 3):
+        with pytest.raises(ValueError, match="allowed_token_ids must be a non-empty list"):
+            SamplingParams(allowed_token_ids=bad)
+
+
+def test_logit_bias_and_allowed_token_ids_steer_the_choice():
+    logits = np.array([[0.0, 9.0, 8.0, 1.0, 7.0]] * 4, dtype=np.float32)
+    before = logits.copy()
+    g = dict(temperature=0.0)
+    params = [SamplingParams(**g, logit_bias={3: 8.5}), SamplingParams(**g, logit_bias={1: -100}),
+              SamplingParams(**g, allowed_token_ids=[0, 3, 4]), SamplingParams(**g, allowed_token_ids=[0, 3], logit_bias={0: 2})]
+    assert Sampler().sample(logits, params, [None] * 4) == [3, 2, 4, 0]
+    np.testing.assert_array_equal(logits, before)                        # the caller's logits are untouched
+    # Sampled: only allowed tokens, in the proportions of the biased softmax over them.
+    hot = SamplingParams(temperature=1.0, allowed_token_ids=[0, 3, 4], logit_bias={0: 6.0})
+    n = 4000
+    draws = Sampler().sample(np.repeat(logits[:1], n, axis=0), [hot] * n, _gens(range(n)))
+    z = np.array([6.0, 1.0, 7.0])
+    expected = np.exp(z - z.max()) / np.exp(z - z.max()).sum() * n
+    counts = np.array([draws.count(t) for t in (0, 3, 4)])
+    assert counts.sum() == n and ((counts - expected) ** 2 / expected).sum() < 13.8      # chi-square, 2 dof, p = 0.001
+
+
+def test_a_ban_that_leaves_no_token_is_skipped():
+    logits = np.array([[0.0, 9.0, 8.0]], dtype=np.float32)
+    only_stop = SamplingParams(temperature=0.7, allowed_token_ids=[2])
+    assert Sampler().sample(logits, [only_stop], _gens([0]), banned=[{2}]) == [2]
+    both = SamplingParams(temperature=0.0, allowed_token_ids=[0, 2])
+    assert Sampler().sample(logits, [both], [None], banned=[{2}]) == [0]
