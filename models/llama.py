@@ -208,7 +208,8 @@ class LlamaForCausalLM(nn.Cell):
             ms.Parameter(ms.Tensor(np.zeros(shape, np.float32), dtype), name=f"value_cache.{i}",
                          requires_grad=False) for i in range(config.num_hidden_layers))
 
-    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+    def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        """The last decoder layer's output [T, hidden] (before the final norm); writes the KV cache."""
         h = ops.gather(self.embed_tokens, input_ids, 0)  # [T, hidden]
         cos = ops.gather(self.cos, positions, 0)  # [T, D]
         sin = ops.gather(self.sin, positions, 0)  # [T, D]
@@ -217,6 +218,11 @@ class LlamaForCausalLM(nn.Cell):
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
                       block_tables, context_lens, query_start_loc, rows)
+        return h
+
+    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        h = self.hidden_states(input_ids, positions, slot_mapping, block_tables, context_lens,
+                               query_start_loc)  # [T, hidden]
         last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
         h = self.norm(ops.gather(h, last, 0))  # [B, hidden]
         # Real sequences come first and own >= 1 token; padded ones own none: lm_head skips them.
@@ -286,3 +292,19 @@ class LlamaForCausalLM(nn.Cell):
         if missing:
             raise ValueError(f"missing tensor {missing[0]!r} (expected shape {targets[missing[0]][2]})"
                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+
+
+class LlamaTokenLogits(nn.Cell):
+    """The same model, returning the logits of EVERY scheduled token: construct(...same inputs...) ->
+    [T, vocab], rows past query_start_loc[-1] zero. For prompt log-probabilities; it shares the
+    model's Parameters (no prefix added to their names) and compiles its own graphs."""
+
+    def __init__(self, model: LlamaForCausalLM):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        m = self.model
+        h = m.norm(m.hidden_states(input_ids, positions, slot_mapping, block_tables, context_lens,
+                                   query_start_loc))  # [T, hidden]
+        return m.lm_head(h, query_start_loc[-1:]).astype(ms.float32)  # [T, V]

@@ -109,7 +109,9 @@ class BlockManager:
     def num_cached_free_blocks(self) -> int:
         return len(self._lru)
 
-    def allocate(self, request_id: str, token_ids: list[int], max_tokens: int | None = None) -> int:
+    def allocate(self, request_id: str, token_ids: list[int], max_tokens: int | None = None,
+                 cache_lookup: bool = True) -> int:
+        # cache_lookup=False: no hits (the caller computes every prompt token, e.g. for prompt logprobs)
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} already holds blocks; free it first")
         if len(token_ids) == 0:
@@ -118,7 +120,7 @@ class BlockManager:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 0, got {max_tokens}")
         bs = self._block_size
         num_tokens = len(token_ids)
-        hits, hashes = self._find_hits(token_ids) if self._caching else ([], [])
+        hits, hashes = self._find_hits(token_ids) if self._caching and cache_lookup else ([], [])
         num_new = -(-num_tokens // bs) - len(hits)
         assert num_new >= 1  # the block holding the last prompt token is always private
         revived = sum(1 for b in hits if self._ref_counts[b] == 0)
@@ -140,7 +142,7 @@ class BlockManager:
             self._tails.add(req.block_ids[-1])
         self._requests[request_id] = req
         c = self._counters
-        if self._caching:
+        if self._caching and cache_lookup:
             c["prefix_cache_queries"] += num_tokens
             c["prefix_cache_hits"] += len(hits) * bs
         if num_new >= 2:

@@ -217,6 +217,8 @@ def _main(args) -> int:
                           "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}
                 if o.logprobs is not None:          # keys become strings in JSON
                     record.update(logprobs=o.logprobs, cumulative_logprob=o.cumulative_logprob)
+                if o.prompt_logprobs is not None:
+                    record["prompt_logprobs"] = o.prompt_logprobs
                 if len(o.outputs) > 1:              # SamplingParams n > 1: every sample; the fields above are the first's
                     record["outputs"] = [_sample_record(c) for c in o.outputs]
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -9,19 +9,21 @@ import numpy as np
 from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
 from ms_atb.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ms_atb.request import Request
-from ms_atb.sampler import token_logprobs
+from ms_atb.sampler import rows_logprobs, token_logprobs
 from ms_atb.sequence import Sequence, SequenceStatus
 
 
 class _Tracked:
     """One sample of a request in flight: its sequence, its text so far and its random generator."""
-    __slots__ = ("request", "sample", "seq", "detok", "text", "generator", "stop_reason", "logprobs")
+    __slots__ = ("request", "sample", "seq", "detok", "text", "generator", "stop_reason", "logprobs",
+                 "prompt_logprobs")
 
     def __init__(self, request: Request, sample: int, seq: Sequence, detok, generator):
         self.request, self.sample, self.seq, self.detok, self.generator = request, sample, seq, detok, generator
         self.text = ""
         self.stop_reason = None
         self.logprobs: list[dict[int, float]] | None = None if request.params.logprobs is None else []
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class EngineLoop:
@@ -60,7 +62,12 @@ class EngineLoop:
                     if seq.first_scheduled_time is None:
                         seq.first_scheduled_time = now
                 self.failed = True           # until the step's KV is written
-                logits = llm.runner.execute(step)          # [B, vocab]
+                if any(seq.needs_prompt_logits for seq in step.seqs):
+                    every = llm.runner.execute(step, every_token=True)            # [T, vocab]
+                    logits = every[np.asarray(step.query_start_loc[1:]) - 1]      # [B, vocab]
+                    self._collect_prompt_logprobs(step, every)
+                else:
+                    logits = llm.runner.execute(step)          # [B, vocab]
                 self.failed = False
                 rows = [b for b, s in enumerate(step.sampled) if s]
                 sampled: list[int | None] = [None] * len(step.seqs)
@@ -110,6 +117,24 @@ class EngineLoop:
             if bar is not None:
                 bar.close()
 
+    def _collect_prompt_logprobs(self, step, every: np.ndarray) -> None:
+        """every [T, vocab]: row i predicts the token after step.positions[i]. Appends to each waiting
+        request's prompt_logprobs the prompt tokens it reaches next (a recompute after preemption
+        reaches them again: they are kept once)."""
+        for b, seq in enumerate(step.seqs):
+            if not seq.needs_prompt_logits:
+                continue
+            t = self.tracked[seq.request_id]
+            prompt, done = t.request.prompt_token_ids, len(t.prompt_logprobs)
+            lo, hi = step.query_start_loc[b], step.query_start_loc[b + 1]
+            first = step.positions[lo]              # row lo + j predicts token first + j + 1
+            start, stop = max(done - 1 - first, 0), min(hi - lo, len(prompt) - 1 - first)
+            if start < stop and first + start + 1 == done:
+                rows = np.arange(lo + start, lo + stop)
+                t.prompt_logprobs.extend(rows_logprobs(every[rows], prompt[done:first + stop + 1],
+                                                       t.request.params.prompt_logprobs))
+            seq.needs_prompt_logits = len(t.prompt_logprobs) < len(prompt)
+
     def _append_text(self, t: _Tracked, token: int) -> bool:
         """Adds token's text; True if a stop string now ends the request."""
         seq = t.seq
@@ -151,7 +176,10 @@ class EngineLoop:
                 seed = [p.seed] if p.seed is not None else [llm.config.context.seed, llm._next_id, r.index]
                 gen = np.random.default_rng(seed + [i] if i else seed)
             detok = IncrementalDetokenizer(tok, r.prompt_token_ids) if tok is not None else None
-            self.tracked[seq_id] = _Tracked(r, i, seq, detok, gen)
+            t = self.tracked[seq_id] = _Tracked(r, i, seq, detok, gen)
+            if i == 0 and p.prompt_logprobs is not None:       # the other samples share the prompt
+                t.prompt_logprobs = [None]                       # nothing predicts the first token
+                seq.needs_prompt_logits = len(r.prompt_token_ids) > 1
 
     @staticmethod
     def _output(samples: list[_Tracked]) -> RequestOutput:
@@ -171,7 +199,8 @@ class EngineLoop:
             metrics=RequestMetrics(first.seq.arrival_time, earliest(s.first_scheduled_time for s in seqs),
                                    earliest(s.first_token_time for s in seqs),
                                    max(s.finish_time for s in seqs), max(s.num_output_tokens for s in seqs)),
-            stop_reason=c.stop_reason, logprobs=c.logprobs, outputs=completions)
+            stop_reason=c.stop_reason, logprobs=c.logprobs, outputs=completions,
+            prompt_logprobs=first.prompt_logprobs)
 
     def abort_unfinished(self) -> None:
         """Drops what did not finish. After a failure inside a step, blocks committed for that

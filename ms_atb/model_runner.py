@@ -16,7 +16,7 @@ import mindspore as ms
 import numpy as np
 
 from ms_atb.models import loader
-from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
+from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.models.parallel import num_kv_heads_per_rank, validate_tp
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
@@ -91,6 +91,7 @@ class ModelRunner:
                                                     dtype=np.float32))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.compiled = set()
+        self.token_logits = None                 # LlamaTokenLogits, built when first needed
         self.warmup_stats = None
 
     def _bucket(self, num_tokens: int) -> int:
@@ -128,10 +129,16 @@ class ModelRunner:
         qsl[:num_seqs + 1] = step.query_start_loc
         return [ids, positions, slots, tables, context_lens, qsl], num_seqs
 
-    def execute(self, step) -> np.ndarray:
-        """Logits [B, vocab] float32 of each sequence's last scheduled token."""
+    def execute(self, step, every_token: bool = False) -> np.ndarray:
+        """Logits float32 of each sequence's last scheduled token [B, vocab]; with every_token, of
+        every scheduled token [T, vocab] (its graphs compile on first use)."""
         arrays, num_seqs = self.prepare(step)
-        logits = self.model(*[ms.Tensor(a) for a in arrays])  # [B_bucket, V]
+        tensors = [ms.Tensor(a) for a in arrays]
+        if every_token:
+            if self.token_logits is None:
+                self.token_logits = LlamaTokenLogits(self.model)
+            return self.token_logits(*tensors).asnumpy()[:len(step.token_ids)]  # [T, V]
+        logits = self.model(*tensors)  # [B_bucket, V]
         self.compiled.add(len(arrays[0]))
         return logits.asnumpy()[:num_seqs]
 

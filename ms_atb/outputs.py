@@ -65,6 +65,9 @@ class RequestOutput:
     # token itself and the N most likely), under the model's distribution before penalties and temperature.
     logprobs: list[dict[int, float]] | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
+    # With SamplingParams(prompt_logprobs=N): one entry per prompt token, None for the first (nothing
+    # predicts it), else {token id: log-probability} of that token and the N most likely there.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     def __post_init__(self):
         if not self.outputs:

@@ -51,6 +51,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None   # None: off; K: keep only the prompt's last K tokens
     logit_bias: dict[int, float] | None = None  # added to those tokens' logits (after the penalties)
     allowed_token_ids: list[int] | None = None  # only these tokens may be sampled
+    prompt_logprobs: int | None = None   # None: off; N: each prompt token's log-probability and the N most likely
 
     def __post_init__(self):
         if not _is_int(self.n) or self.n < 1:
@@ -88,8 +89,10 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be an int in [0, max_tokens = {self.max_tokens}], "
                              f"got {self.min_tokens!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be None (off) or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be None (off) or an int in [0, {MAX_LOGPROBS}], got {n!r}")
         if self.logit_bias is not None:
             self.logit_bias = _token_bias(self.logit_bias)
         if self.allowed_token_ids is not None:

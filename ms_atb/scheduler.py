@@ -131,7 +131,8 @@ class Scheduler:
                 break
             try:
                 num_cached = self.block_manager.allocate(
-                    seq.request_id, seq.token_ids, max_tokens=seq.num_remaining_tokens)
+                    seq.request_id, seq.token_ids, max_tokens=seq.num_remaining_tokens,
+                    cache_lookup=not seq.needs_prompt_logits)
             except NoFreeBlocksError:
                 break
             self._num_slots[seq.request_id] = seq.num_tokens

@@ -29,6 +29,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0       # prompt tokens found in the prefix cache at first admission
         self.num_preemptions = 0
+        self.needs_prompt_logits = False  # the logits of every prompt position are still wanted: no cache hits
         self.finish_reason: str | None = None
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None

@@ -124,6 +124,18 @@ def test_hit_after_free_takes_cached_blocks_out_of_free_pool():
     assert bm.num_cached_free_blocks == 0 and bm.num_free_blocks == 5
 
 
+def test_allocate_without_cache_lookup_takes_no_hits_but_keeps_the_cache():
+    bm = BlockManager(12, 4, enable_prefix_caching=True)
+    bm.allocate("a", toks(0, 10))
+    bm.commit("a", 10)
+    queries = bm.stats()["prefix_cache_queries"]
+    assert bm.allocate("b", toks(0, 10), cache_lookup=False) == 0       # e.g. for prompt logprobs
+    assert not set(bm.block_table("b")) & set(bm.block_table("a"))
+    assert bm.stats()["prefix_cache_queries"] == queries
+    bm.commit("b", 10)                                                # same content: cached once, as a's
+    assert bm.allocate("c", toks(0, 10)) == 8 and bm.block_table("c")[:2] == bm.block_table("a")[:2]
+
+
 def test_never_cached_blocks_used_before_eviction_then_lru_tail_first():
     bm = BlockManager(6, 2, enable_prefix_caching=True)
     bm.allocate("a", toks(0, 4))            # [0, 1]
