@@ -2,8 +2,8 @@
 
 Run with the bench venv (torch + transformers), never in CI:
     .venv-bench/bin/python scripts/make_hf_reference.py [--out tests/data/smollm2_reference.json]
-For each prompt: HF's prompt token ids, the next-token argmax and top-5 logits (fp32), and the greedy
-continuation; plus tokenisation-only cases (ids and decode round trip) for the tokenizer tests.
+For each prompt: HF's prompt token ids, the next-token argmax and top-5 logits (fp32), the greedy
+continuation and the log-probability of each prompt token after the first; plus tokenisation-only cases (ids and decode round trip) for the tokenizer tests.
 """
 import argparse
 import glob
@@ -85,7 +85,9 @@ def main() -> None:
         ids = tok(text, add_special_tokens=True)["input_ids"]
         x = torch.tensor([ids])
         with torch.no_grad():
-            logits = model(x).logits[0, -1].float()  # [vocab]
+            every = model(x).logits[0].double()      # [P, vocab]
+            logits = every[-1].float()  # [vocab]
+            logp = torch.log_softmax(every, -1)
             top = torch.topk(logits, 5)
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NUM_NEW_TOKENS,
                                  do_sample=False, pad_token_id=tok.pad_token_id or tok.eos_token_id)
@@ -95,6 +97,7 @@ def main() -> None:
             "prompt_ids": ids, "next_token_argmax": int(logits.argmax()),
             "top5_ids": top.indices.tolist(), "top5_logits": [round(float(v), 5) for v in top.values],
             "greedy_ids": new, "greedy_text": tok.decode(new, skip_special_tokens=True),
+            "prompt_logprobs": [round(float(logp[k - 1, ids[k]]), 6) for k in range(1, len(ids))],
         })
         print(f"{name}: {len(ids)} prompt tokens -> {prompts[-1]['greedy_text']!r}", flush=True)
 

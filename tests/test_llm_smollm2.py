@@ -1,5 +1,5 @@
-"""The front door on the embedded default (SmolLM2-135M-Instruct GGUF): greedy continuations equal HF
-transformers' (checked-in ids from scripts/make_hf_reference.py), the chat answers, and the results
+"""The front door on the embedded default (SmolLM2-135M-Instruct GGUF): greedy continuations and prompt
+log-probabilities equal HF transformers' (checked in by scripts/make_hf_reference.py), the chat answers, and the results
 do not depend on prefix caching, preemption or batch composition."""
 import json
 import os
@@ -31,6 +31,16 @@ def test_batched_greedy_matches_hf(llm, reference):
     outs = llm.generate([c["prompt_ids"] for c in cases], params, use_tqdm=False)
     for case, out in zip(cases, outs):
         assert out.token_ids == case["greedy_ids"], case["name"]
+
+
+def test_prompt_logprobs_match_hf(llm, reference):
+    cases = reference["prompts"]
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    outs = llm.generate([c["prompt_ids"] for c in cases], params, use_tqdm=False)
+    for case, out in zip(cases, outs):
+        ours = [lp[t] for lp, t in zip(out.prompt_logprobs[1:], case["prompt_ids"][1:])]
+        assert out.prompt_logprobs[0] is None and len(ours) == len(case["prompt_logprobs"])
+        assert max(abs(a - b) for a, b in zip(ours, case["prompt_logprobs"])) < 5e-4, case["name"]
 
 
 def test_tokenizer_matches_hf_on_the_reference_prompts(llm, reference):
