@@ -159,12 +159,15 @@ def reference():
     llm = LLM(TINY, **OVERRIDES)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
-    return llm, [o.token_ids for o in outs], llm.stats()
+    stats = llm.stats()
+    scored = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2),
+                          use_tqdm=False)[0]
+    return llm, [o.token_ids for o in outs], stats, scored.prompt_logprobs
 
 
 @pytest.mark.slow
 def test_tp2_generates_the_tokens_of_tp1(reference, tmp_path):
-    _, tokens, stats = reference
+    _, tokens, stats, prompt_logprobs = reference
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0   # the pool is tight
     log_dir, out_dir = tmp_path / "log", tmp_path / "out"
     out_dir.mkdir()
@@ -179,6 +182,11 @@ def test_tp2_generates_the_tokens_of_tp1(reference, tmp_path):
         assert result["stats"]["num_preemptions"] == stats["num_preemptions"]
         assert result["stats"]["prefix_cache_hits"] == stats["prefix_cache_hits"]
         assert max(result["num_cached_tokens"]) >= 32
+        # Every token's logits (the prompt_logprobs graphs) agree with one rank's too.
+        assert result["prompt_logprobs"][0] is None and len(result["prompt_logprobs"]) == len(prompt_logprobs)
+        for got, want in zip(result["prompt_logprobs"][1:], prompt_logprobs[1:]):
+            assert [t for t, _ in got] == list(want)
+            assert max(abs(v - want[t]) for t, v in got) < 1e-4
         # MS_ATB_DEBUG=1 compared the sampled tokens across ranks at every sampling step ...
         assert result["spmd_checks"] >= MAX_TOKENS
         # ... and a deliberate difference (each rank's own id) is caught on every rank.
@@ -200,7 +208,7 @@ def test_tp2_launched_with_one_worker_fails_before_loading(tmp_path):
 
 @pytest.mark.slow
 def test_msrun_generate_script_writes_rank0_output_once(reference, tmp_path):
-    llm, _, _ = reference
+    llm = reference[0]
     prompts = PROMPTS[:3]
     llm.reset_scheduler()
     want = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0,

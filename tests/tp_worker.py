@@ -2,7 +2,8 @@
 
 python tests/tp_worker.py SPEC.json OUT_DIR
 SPEC: {"config": yaml path, "overrides": {LLM keywords}, "prompts": [[ids]], "max_tokens": n}.
-Writes OUT_DIR/rank{r}.json: token ids, stats and what the SPMD checks saw; on a ValueError
+Writes OUT_DIR/rank{r}.json: token ids, stats, the first prompt's prompt_logprobs (N = 2; run after
+the others) and what the SPMD checks saw; on a ValueError
 (a wrong launch) writes {"error": message} and exits 3.
 """
 import json
@@ -23,7 +24,10 @@ def main(spec_path: str, out_dir: str) -> int:
         return 3
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
     outs = llm.generate(spec["prompts"], params, use_tqdm=False)
+    scored = llm.generate(spec["prompts"][:1], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2),
+                          use_tqdm=False)[0]
     result = {"rank": llm.rank, "token_ids": [o.token_ids for o in outs],
+              "prompt_logprobs": [None if d is None else list(d.items()) for d in scored.prompt_logprobs],
               "num_cached_tokens": [o.num_cached_tokens for o in outs], "stats": llm.stats(),
               "spmd_checks": llm.sampler.spmd_check.num_checks if isinstance(llm.sampler, SpmdSampler) else 0}
     # A deliberate divergence: every rank must see it, not only the one that differs.
