@@ -157,7 +157,8 @@ class EngineLoop:
         if at < 0:
             return False
         t.stop_reason = next(x for x in stops if t.text.startswith(x, at))
-        t.text = t.text[:at]
+        keep = len(t.stop_reason) if t.request.params.include_stop_str_in_output else 0
+        t.text = t.text[:at + keep]
         return True
 
     def _track(self, r: Request, eos: set, now: float) -> None:
@@ -175,7 +176,8 @@ class EngineLoop:
             if not p.greedy:   # sample i > 0 of a seeded request: its own stream, derived from the seed
                 seed = [p.seed] if p.seed is not None else [llm.config.context.seed, llm._next_id, r.index]
                 gen = np.random.default_rng(seed + [i] if i else seed)
-            detok = IncrementalDetokenizer(tok, r.prompt_token_ids) if tok is not None else None
+            detok = (IncrementalDetokenizer(tok, r.prompt_token_ids, p.skip_special_tokens)
+                     if tok is not None else None)
             t = self.tracked[seq_id] = _Tracked(r, i, seq, detok, gen)
             if i == 0 and p.prompt_logprobs is not None:       # the other samples share the prompt
                 t.prompt_logprobs = [None]                       # nothing predicts the first token

@@ -52,6 +52,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # added to those tokens' logits (after the penalties)
     allowed_token_ids: list[int] | None = None  # only these tokens may be sampled
     prompt_logprobs: int | None = None   # None: off; N: each prompt token's log-probability and the N most likely
+    skip_special_tokens: bool = True     # leave special tokens (e.g. <|im_start|>) out of the text
+    include_stop_str_in_output: bool = False   # keep the stop string that ended the text at its end
 
     def __post_init__(self):
         if not _is_int(self.n) or self.n < 1:
@@ -84,8 +86,9 @@ class SamplingParams:
             if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
                 raise ValueError(f"stop_token_ids must be a list of ints >= 0, got {ids!r}")
             self.stop_token_ids = list(ids)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be an int in [0, max_tokens = {self.max_tokens}], "
                              f"got {self.min_tokens!r}")

@@ -270,6 +270,9 @@ def test_string_prompts_and_stop_strings(llm):
         stop = text[1:3]
         cut = llm.generate("hello", SamplingParams(max_tokens=8, temperature=0.0, stop=[stop]), use_tqdm=False)[0]
         assert cut.text == text[:text.index(stop)] and cut.finish_reason == "stop"
+        kept = llm.generate("hello", SamplingParams(max_tokens=8, temperature=0.0, stop=[stop],
+                                                    include_stop_str_in_output=True), use_tqdm=False)[0]
+        assert kept.text == text[:text.index(stop) + 2] and kept.stop_reason == stop
 
 
 def test_stop_string_completed_by_the_final_flush(llm):

@@ -43,6 +43,17 @@ def test_prompt_logprobs_match_hf(llm, reference):
         assert max(abs(a - b) for a, b in zip(ours, case["prompt_logprobs"])) < 5e-4, case["name"]
 
 
+def test_special_tokens_in_the_text_only_when_asked(llm):
+    tok = llm.get_tokenizer()
+    (start,) = tok.encode("<|im_start|>", add_special_tokens=False)
+    assert tok.is_special(start)
+    forced = dict(max_tokens=2, temperature=0.0, ignore_eos=True, allowed_token_ids=[start])
+    skipped, kept = llm.generate(["Hi", "Hi"], [SamplingParams(**forced),
+                                                SamplingParams(**forced, skip_special_tokens=False)], use_tqdm=False)
+    assert skipped.token_ids == kept.token_ids == [start, start]
+    assert skipped.text == "" and kept.text == "<|im_start|><|im_start|>"
+
+
 def test_tokenizer_matches_hf_on_the_reference_prompts(llm, reference):
     tok = llm.get_tokenizer()
     for case in reference["prompts"]:
