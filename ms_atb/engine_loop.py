@@ -51,8 +51,14 @@ class EngineLoop:
         except ValueError:
             self.tracked.clear()                      # nothing was added to the scheduler
             raise
-        for t in self.tracked.values():
-            sched.add(t.seq)
+        pending = list(self.tracked.values())
+        for i, t in enumerate(pending):
+            try:
+                sched.add(t.seq)      # ValueError if the scheduler changed since the request was made
+            except ValueError as e:
+                for rest in pending[i:]:                  # not in the scheduler: nothing to abort
+                    del self.tracked[rest.seq.request_id]
+                raise ValueError(f"request {t.request.index}: {e}") from None
         bar = _progress(len(self.requests), use_tqdm)
         try:
             while sched.has_unfinished():

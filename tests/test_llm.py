@@ -371,6 +371,19 @@ def test_chat_and_stats(llm):
     assert 0 < stats["kv_cache_usage"] <= 1 and stats["tokens_per_s"] > 0
 
 
+def test_requests_made_before_a_smaller_pool_are_rejected_cleanly(llm):
+    greedy = SamplingParams(max_tokens=5, temperature=0.0)
+    requests = [llm.make_request([1, 2, 3], greedy, 0), llm.make_request(list(range(1, 200)), greedy, 1)]
+    llm.reset_scheduler(num_blocks=8)
+    try:
+        with pytest.raises(ValueError, match="request 1: the request needs 13 KV blocks but the pool has only 8"):
+            list(llm.generate_iter(requests, use_tqdm=False))
+        assert not llm.scheduler.has_unfinished()
+        assert llm.generate([[1, 2, 3]], greedy, use_tqdm=False)[0].token_ids == numpy_greedy([1, 2, 3], 5)
+    finally:
+        llm.reset_scheduler(num_blocks=96)
+
+
 def test_reset_scheduler_limits(llm):
     with pytest.raises(ValueError, match="num_blocks must be an integer in"):
         llm.reset_scheduler(num_blocks=10_000)
