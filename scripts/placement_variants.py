@@ -249,6 +249,21 @@ class OrphansFirst(BlockManager):
         return min(super()._first_block_in(start, num_new), start + (self._starts[start] - start - num_new) // 2)
 
 
+class OrphansFirstJumpFill(OrphansFirst, _GrowVariant):
+    """Orphans first, and a blocked growing request jumps to the lowest orphan range of at most half its
+    expected growth: it fills a small hole it will use up instead of splitting a large range; else the
+    kept jump. Session 9; it scans the free ranges (O(log n) would need more indexes)."""
+
+    def _jump(self, req):
+        follow = req.block_ids[-1] + 1
+        if follow in self._starts:
+            return follow, follow
+        cap = max(1, self._growth_blocks(req) * 0.5)
+        small = [s for s, e in self._starts.items() if e - s <= cap and s - 1 not in self._tails]
+        start = min(small) if small else self._lowest_orphan_start()
+        return (start, start) if start is not None else (self._lowest_start(), self._lowest_start())
+
+
 class FullRoomWhenAmple(BlockManager):
     """At low load, the left neighbour gets its whole worst-case growth as room when the range also holds
     the prompt and the prompt's own worst case (POOL: when the free pool holds every live request's
@@ -337,6 +352,7 @@ VARIANTS = {
     "aligned in orphans (16)": (AlignedInOrphans, False),
     "scatter smallest first": (ScatterSmallestFirst, False),
     "orphans first (slack 4)": (OrphansFirst, False),
+    "orphans first + jump fill": (OrphansFirstJumpFill, False),
     "full room when the range is ample": (FullRoomWhenAmple, False),
     "full room while the pool fits all": (type("FullRoomWhilePoolFits", (FullRoomWhenAmple,), {"POOL": True}), False),
     "oracle: kept policy": (BlockManager, True),
