@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from ms_atb import LLM, SamplingParams
-from ms_atb.models.loader import iter_weights, load_config
-from numpy_llama import forward
+from engine_helpers import scheduler_settings, tiny_logits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -21,23 +20,17 @@ def llm():
 
 
 def numpy_greedy(prompt, n):
-    path = "random:tiny-llama?seed=0"
-    config = load_config(path)
-    weights = dict(iter_weights(path, config))
     tokens = list(prompt)
     for _ in range(n):
-        tokens.append(int(np.argmax(forward(weights, config, tokens)[-1])))
+        tokens.append(int(np.argmax(tiny_logits(tokens)[-1])))
     return tokens[len(prompt):]
 
 
 def numpy_greedy_penalised(prompt, n, repetition=1.0, presence=0.0, frequency=0.0):
     """Greedy on the numpy model with vLLM's penalties written out token by token."""
-    path = "random:tiny-llama?seed=0"
-    config = load_config(path)
-    weights = dict(iter_weights(path, config))
     tokens = list(prompt)
     for _ in range(n):
-        logits = [float(x) for x in forward(weights, config, tokens)[-1]]
+        logits = [float(x) for x in tiny_logits(tokens)[-1]]
         for t in set(tokens):
             logits[t] = logits[t] / repetition if logits[t] > 0 else logits[t] * repetition
         output = tokens[len(prompt):]
@@ -161,12 +154,9 @@ def test_allowed_token_ids_and_logit_bias_match_the_numpy_reference(llm):
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, allowed_token_ids=allowed,
                             logit_bias=bias)
     out = llm.generate([prompt], params, use_tqdm=False)[0]
-    path = "random:tiny-llama?seed=0"
-    config = load_config(path)
-    weights = dict(iter_weights(path, config))
     tokens = list(prompt)
     for _ in range(8):
-        logits = forward(weights, config, tokens)[-1]
+        logits = tiny_logits(tokens)[-1]
         tokens.append(max(allowed, key=lambda t: (logits[t] + bias.get(t, 0.0), -t)))
     assert out.token_ids == tokens[len(prompt):] and len(set(out.token_ids)) > 1
 
@@ -191,12 +181,9 @@ def test_logprobs_match_the_numpy_reference(llm):
     out, plain = llm.generate([prompt, prompt], [params, GREEDY], use_tqdm=False)
     assert plain.logprobs is None and plain.cumulative_logprob is None
     assert len(out.logprobs) == len(out.token_ids) == 6 and out.token_ids == plain.token_ids[:6]
-    path = "random:tiny-llama?seed=0"
-    config = load_config(path)
-    weights = dict(iter_weights(path, config))
     tokens = list(prompt)
     for token, lp in zip(out.token_ids, out.logprobs):
-        logits = forward(weights, config, tokens)[-1].astype(np.float64)
+        logits = tiny_logits(tokens)[-1].astype(np.float64)
         ref = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
         top = [int(i) for i in np.argsort(-ref, kind="stable")[:3]]
         assert token == top[0] and list(lp) == top                # greedy: the token is the top one, listed once
@@ -218,12 +205,10 @@ def test_min_tokens_holds_back_stop_tokens(llm):
     assert early.token_ids == expected[:2] and early.finish_reason == "stop"
     late = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop], min_tokens=4),
                         use_tqdm=False)[0]
-    path = "random:tiny-llama?seed=0"                       # the numpy model, stop ids masked for 4 tokens
-    config = load_config(path)
-    weights = dict(iter_weights(path, config))
+    # The numpy model, stop ids masked for 4 tokens.
     tokens, stops = list(prompt), {stop, llm.get_tokenizer().eos_token_id}
     while len(tokens) - len(prompt) < 12:
-        logits = forward(weights, config, tokens)[-1].astype(np.float64)
+        logits = tiny_logits(tokens)[-1].astype(np.float64)
         if len(tokens) - len(prompt) < 4:
             logits[list(stops)] = -np.inf
         tokens.append(int(np.argmax(logits)))
@@ -374,14 +359,11 @@ def test_chat_and_stats(llm):
 def test_requests_made_before_a_smaller_pool_are_rejected_cleanly(llm):
     greedy = SamplingParams(max_tokens=5, temperature=0.0)
     requests = [llm.make_request([1, 2, 3], greedy, 0), llm.make_request(list(range(1, 200)), greedy, 1)]
-    llm.reset_scheduler(num_blocks=8)
-    try:
+    with scheduler_settings(llm, num_blocks=8):
         with pytest.raises(ValueError, match="request 1: the request needs 13 KV blocks but the pool has only 8"):
             list(llm.generate_iter(requests, use_tqdm=False))
         assert not llm.scheduler.has_unfinished()
         assert llm.generate([[1, 2, 3]], greedy, use_tqdm=False)[0].token_ids == numpy_greedy([1, 2, 3], 5)
-    finally:
-        llm.reset_scheduler(num_blocks=96)
 
 
 def test_reset_scheduler_limits(llm):

@@ -8,6 +8,7 @@ import pytest
 from ms_atb import LLM, SamplingParams
 from ms_atb.cli import main as cli_main
 from ms_atb.engine_summary import summarize
+from engine_helpers import scheduler_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -45,13 +46,10 @@ def test_samples_share_the_prompt_blocks(llm):
     # tokens. Each feeds back 5 of its 6 output tokens.
     assert llm.stats()["num_computed_tokens"] == 40 + 2 * 8 + 3 * 5
     assert out.num_cached_tokens == 0
-    llm.reset_scheduler(enable_prefix_caching=False)
-    try:
+    with scheduler_settings(llm, enable_prefix_caching=False):
         again = llm.generate([PROMPT], greedy, use_tqdm=False)[0]
         assert llm.stats()["num_computed_tokens"] == 3 * 40 + 3 * 5
         assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
-    finally:
-        llm.reset_scheduler(enable_prefix_caching=True)
 
 
 def test_each_sample_stops_on_its_own(llm):
@@ -76,12 +74,9 @@ def test_samples_survive_preemption_unchanged(llm):
     prompts = [PROMPT, PROMPT[:20], list(range(100, 130))]
     params = [SamplingParams(max_tokens=30, temperature=1.0, seed=s, n=3, ignore_eos=True) for s in (1, 2, 3)]
     roomy = llm.generate(prompts, params, use_tqdm=False)
-    llm.reset_scheduler(num_blocks=12)
-    try:
+    with scheduler_settings(llm, num_blocks=12):
         tight = llm.generate(prompts, params, use_tqdm=False)
         assert llm.stats()["num_preemptions"] > 0
-    finally:
-        llm.reset_scheduler(num_blocks=96)
     assert [[c.token_ids for c in o.outputs] for o in tight] == [[c.token_ids for c in o.outputs] for o in roomy]
 
 

@@ -8,8 +8,7 @@ import pytest
 
 from ms_atb import LLM, SamplingParams
 from ms_atb.cli import main as cli_main
-from ms_atb.models.loader import iter_weights, load_config
-from numpy_llama import forward
+from engine_helpers import scheduler_settings, tiny_logits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -23,9 +22,7 @@ def llm():
 
 def reference(prompt, top):
     """[None, {token: logp, top ids...}, ...] from the numpy model's logits at every position."""
-    path = "random:tiny-llama?seed=0"
-    config = load_config(path)
-    logits = forward(dict(iter_weights(path, config)), config, prompt).astype(np.float64)   # [P, V]
+    logits = tiny_logits(prompt).astype(np.float64)                        # [P, V]
     logp = logits - logits.max(1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(1, keepdims=True))
     out = [None]
@@ -45,12 +42,9 @@ def assert_close(got, ref):
 @pytest.mark.parametrize("chunk", [64, 16, 7])
 def test_prompt_logprobs_match_the_numpy_reference(llm, chunk):
     prompt = PREFIX + [3, 1, 4, 1, 5, 9]
-    llm.reset_scheduler(max_num_batched_tokens=chunk)
-    try:
+    with scheduler_settings(llm, max_num_batched_tokens=chunk):
         out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=3),
                            use_tqdm=False)[0]
-    finally:
-        llm.reset_scheduler(max_num_batched_tokens=64)
     assert_close(out.prompt_logprobs, reference(prompt, 3))
     plain = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)[0]
     assert plain.prompt_logprobs is None and plain.token_ids == out.token_ids
@@ -65,11 +59,8 @@ def test_a_cached_prefix_is_recomputed_for_its_logprobs_and_still_shared(llm):
     out_b, out_c = llm.generate([b, c], [scored, greedy], use_tqdm=False)
     assert first.num_cached_tokens == 0 and out_b.num_cached_tokens == 0 and out_c.num_cached_tokens == 32
     assert_close(out_b.prompt_logprobs, reference(b, 0))
-    llm.reset_scheduler(enable_prefix_caching=False)
-    try:
+    with scheduler_settings(llm, enable_prefix_caching=False):
         assert llm.generate([b], greedy, use_tqdm=False)[0].token_ids == out_b.token_ids
-    finally:
-        llm.reset_scheduler(enable_prefix_caching=True)
 
 
 def test_one_list_for_n_samples_and_unchanged_under_preemption(llm):
@@ -83,12 +74,9 @@ def test_one_list_for_n_samples_and_unchanged_under_preemption(llm):
     assert roomy[2].prompt_logprobs == [None]
     for out, prompt in zip(roomy[:2], prompts):
         assert_close(out.prompt_logprobs, reference(prompt, 1))
-    llm.reset_scheduler(num_blocks=8)
-    try:
+    with scheduler_settings(llm, num_blocks=8):
         tight = llm.generate(prompts, params, use_tqdm=False)
         assert llm.stats()["num_preemptions"] > 0
-    finally:
-        llm.reset_scheduler(num_blocks=96)
     for x, y in zip(tight, roomy):
         assert [c.token_ids for c in x.outputs] == [c.token_ids for c in y.outputs]
         assert (x.prompt_logprobs is None) == (y.prompt_logprobs is None)
