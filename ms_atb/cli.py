@@ -211,15 +211,13 @@ def _main(args) -> int:
         for index, o in llm.generate_iter(requests, use_tqdm=not args.no_progress):
             outputs.append(o)
             if out is not None:
-                record = {"id": o.request_id, "text": o.text, "token_ids": o.token_ids,
-                          "finish_reason": o.finish_reason, "num_prompt_tokens": len(o.prompt_token_ids),
-                          "num_cached_tokens": o.num_cached_tokens,
+                record = {"id": o.request_id, **_sample_record(o.outputs[0]),   # the first sample's fields
+                          "num_prompt_tokens": len(o.prompt_token_ids), "num_cached_tokens": o.num_cached_tokens,
                           "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}
-                if o.logprobs is not None:          # keys become strings in JSON
-                    record.update(logprobs=o.logprobs, cumulative_logprob=o.cumulative_logprob)
+                del record["index"]
                 if o.prompt_logprobs is not None:
                     record["prompt_logprobs"] = o.prompt_logprobs
-                if len(o.outputs) > 1:              # SamplingParams n > 1: every sample; the fields above are the first's
+                if len(o.outputs) > 1:              # SamplingParams n > 1: every sample
                     record["outputs"] = [_sample_record(c) for c in o.outputs]
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
                 out.flush()
@@ -233,7 +231,7 @@ def _main(args) -> int:
 
 def _sample_record(c) -> dict:
     record = {"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
-    if c.logprobs is not None:
+    if c.logprobs is not None:          # keys become strings in JSON
         record.update(logprobs=c.logprobs, cumulative_logprob=c.cumulative_logprob)
     return record
 
