@@ -23,6 +23,8 @@ from ms_atb.sampling_params import SamplingParams
 SAMPLING_FLAGS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "min_p": float,
                   "seed": int, "repetition_penalty": float, "presence_penalty": float,
                   "frequency_penalty": float, "min_tokens": int, "n": int, "truncate_prompt_tokens": int}
+# ... and the ones that take a list of strings (--guided-choice positive negative).
+LIST_FLAGS = {"guided_choice": "the output text is exactly one of these", "bad_words": "words never generated"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, typ in SAMPLING_FLAGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
                        help=f"default {name} for requests that do not set it")
+    for name, meaning in LIST_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, nargs="+", default=None, metavar="TEXT",
+                       help=f"default {name} for requests that do not set it: {meaning}")
     p.add_argument("--ignore-eos", action="store_true", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -159,7 +164,7 @@ def _main(args) -> int:
     # Configuration and sampling fields are checked before the engine is built, prompts after.
     cfg = EngineConfig.load(args.config, **overrides)
     defaults = {k: v for k, v in vars(args).items()
-                if (k in SAMPLING_FLAGS or k == "ignore_eos") and v is not None}
+                if (k in SAMPLING_FLAGS or k in LIST_FLAGS or k == "ignore_eos") and v is not None}
     invalid = []                  # error records of the requests skipped by --skip-invalid
 
     def reject(item, message):

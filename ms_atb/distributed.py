@@ -101,8 +101,9 @@ class SpmdSampler:
     def __init__(self, sampler, check: SpmdCheck):
         self.sampler, self.spmd_check = sampler, check
 
-    def sample(self, logits, params, generators, histories=None, banned=None) -> list[int]:  # logits [B, V]
-        tokens = self.sampler.sample(logits, params, generators, histories, banned)
+    def sample(self, logits, params, generators, histories=None, banned=None,
+               allowed=None) -> list[int]:  # logits [B, V]
+        tokens = self.sampler.sample(logits, params, generators, histories, banned, allowed)
         self.spmd_check.check([int(t) for t in tokens], "sampled token ids")
         return tokens
 

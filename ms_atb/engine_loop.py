@@ -16,7 +16,7 @@ from ms_atb.sequence import Sequence, SequenceStatus
 class _Tracked:
     """One sample of a request in flight: its sequence, its text so far and its random generator."""
     __slots__ = ("request", "sample", "seq", "detok", "text", "generator", "stop_reason", "logprobs",
-                 "prompt_logprobs")
+                 "prompt_logprobs", "spelled")
 
     def __init__(self, request: Request, sample: int, seq: Sequence, detok, generator):
         self.request, self.sample, self.seq, self.detok, self.generator = request, sample, seq, detok, generator
@@ -24,6 +24,30 @@ class _Tracked:
         self.stop_reason = None
         self.logprobs: list[dict[int, float]] | None = None if request.params.logprobs is None else []
         self.prompt_logprobs: list[dict[int, float] | None] | None = None
+        self.spelled = b""        # the output's bytes so far, for a guided choice
+
+    def allowed(self) -> np.ndarray | None:
+        """The only token ids this sample may take next (guided choice), or None."""
+        guide = self.request.guide
+        if guide is None:
+            return None
+        ids = guide.next_token_ids(self.spelled)
+        if guide.is_choice(self.spelled):           # a whole choice that a longer one continues
+            ids = np.union1d(ids, np.fromiter(self.seq.stop_token_ids, np.int64))
+        return ids
+
+    def banned(self) -> list[int] | None:
+        """Token ids this sample may not take next: stop tokens before min_tokens, and the last token of
+        each bad word whose other tokens end the output."""
+        seq, p = self.seq, self.request.params
+        out = list(seq.stop_token_ids) if seq.num_output_tokens < p.min_tokens and not p.ignore_eos else []
+        if self.request.bad_words_ids:
+            output = seq.output_token_ids
+            for word in self.request.bad_words_ids:
+                k = len(word) - 1
+                if k <= len(output) and tuple(output[len(output) - k:]) == word[:-1]:
+                    out.append(word[-1])
+        return out or None
 
 
 class EngineLoop:
@@ -82,9 +106,12 @@ class EngineLoop:
                     params = [t.request.params for t in ts]
                     histories = ([(t.seq.token_ids, t.seq.num_prompt_tokens) for t in ts]
                                  if any(p.has_penalties for p in params) else None)
-                    banned = [t.seq.stop_token_ids if t.seq.num_output_tokens < p.min_tokens and not p.ignore_eos
-                              else None for t, p in zip(ts, params)]
-                    tokens = llm.sampler.sample(logits[rows], params, [t.generator for t in ts], histories, banned)
+                    banned = [t.banned() for t in ts]
+                    allowed = [t.allowed() for t in ts]
+                    if not any(a is not None for a in allowed):
+                        allowed = None
+                    tokens = llm.sampler.sample(logits[rows], params, [t.generator for t in ts], histories,
+                                                banned, allowed)
                     for b, token, t in zip(rows, tokens, ts):
                         sampled[b] = int(token)
                         if t.logprobs is not None:
@@ -95,7 +122,7 @@ class EngineLoop:
                 for b in rows:
                     t = self.tracked[step.request_ids[b]]
                     self.num_output_tokens += 1
-                    if self._append_text(t, sampled[b]):
+                    if self._append_text(t, sampled[b]) or self._choice_made(t, sampled[b]):
                         if t.seq.is_finished:
                             t.seq.finish_reason = "stop"
                         else:
@@ -154,6 +181,15 @@ class EngineLoop:
             return False
         t.text += new
         return self._cut_at_stop(t, len(new))
+
+    def _choice_made(self, t: _Tracked, token: int) -> bool:
+        """Adds token's bytes to a guided sample's spelling; True if it completes a choice that no
+        longer choice continues."""
+        guide = t.request.guide
+        if guide is None or token in t.seq.stop_token_ids:
+            return False
+        t.spelled += self.llm.tokenizer.token_bytes(token)
+        return guide.is_finished(t.spelled)
 
     @staticmethod
     def _cut_at_stop(t: _Tracked, new_len: int) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
 from ms_atb.distributed import init_distributed, spmd_sampler
+from ms_atb.guided_choice import ChoiceGuide
 from ms_atb.outputs import RequestOutput
 from ms_atb.sampler import Sampler
 from ms_atb.sampling_params import SamplingParams
@@ -209,12 +210,29 @@ class LLM:
                 raise ValueError(f"token id {named[0]} in the sampling parameters (stop_token_ids, "
                                  f"logit_bias, allowed_token_ids) is outside the vocabulary [0, {vocab})")
             self.scheduler.check(len(ids), params.max_tokens)
+            guide, bad_words_ids = self._text_constraints(params)
         except ValueError as e:
             raise ValueError(f"request {index}: {e}") from None
         if request_id is None:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
-        return Request(request_id, index, text, ids, params)
+        return Request(request_id, index, text, ids, params, guide, bad_words_ids)
+
+    def _text_constraints(self, params: SamplingParams) -> tuple[ChoiceGuide | None, list[tuple[int, ...]]]:
+        """The guide of params.guided_choice and the token sequences of params.bad_words (each word as
+        encoded alone and after a space, as in vLLM)."""
+        if params.guided_choice is None and params.bad_words is None:
+            return None, []
+        if self.tokenizer is None:
+            raise ValueError("guided_choice and bad_words need a tokenizer; this model has none")
+        guide = None if params.guided_choice is None else ChoiceGuide(params.guided_choice, self.tokenizer)
+        sequences = {}
+        for word in params.bad_words or ():
+            for text in (word, " " + word.lstrip()):
+                ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+                if ids:
+                    sequences[ids] = None
+        return guide, list(sequences)
 
     def new_scheduler(self) -> Scheduler:
         """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""

@@ -115,12 +115,14 @@ def apply_penalties(logits: np.ndarray, params: list[SamplingParams], histories)
 
 
 def apply_bias_and_masks(logits: np.ndarray, params: list[SamplingParams], banned=None,
-                         owned: bool = False) -> np.ndarray:
-    """logits [B, V] with each request's logit_bias added, tokens outside its allowed_token_ids and
-    its banned ones (banned[b]: stop tokens before min_tokens) at -inf. A ban that would leave no
-    token at all is skipped. Writes into logits only when owned (else into a copy)."""
+                         owned: bool = False, allowed=None) -> np.ndarray:
+    """logits [B, V] with each request's logit_bias added, tokens outside its allowed_token_ids or
+    outside allowed[b] (this step's choice: guided decoding) and its banned ones (banned[b]: stop tokens
+    before min_tokens, bad words' last tokens) at -inf. A ban that would leave no token at all is
+    skipped. Writes into logits only when owned (else into a copy)."""
     rows = [b for b, p in enumerate(params)
-            if p.logit_bias or p.allowed_token_ids is not None or (banned is not None and banned[b])]
+            if p.logit_bias or p.allowed_token_ids is not None or (banned is not None and banned[b])
+            or (allowed is not None and allowed[b] is not None)]
     if not rows:
         return logits
     out = logits if owned else np.array(logits, dtype=np.float32)
@@ -129,10 +131,11 @@ def apply_bias_and_masks(logits: np.ndarray, params: list[SamplingParams], banne
         if p.logit_bias:
             ids = np.fromiter(p.logit_bias, dtype=np.int64, count=len(p.logit_bias))
             row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32, count=len(ids))
-        if p.allowed_token_ids is not None:
-            kept = row[p.allowed_token_ids]
-            row[:] = -np.inf
-            row[p.allowed_token_ids] = kept
+        for ids in (p.allowed_token_ids, None if allowed is None else allowed[b]):
+            if ids is not None:
+                kept = row[ids]
+                row[:] = -np.inf
+                row[ids] = kept
         if banned is not None and banned[b]:
             ids = list(banned[b])
             saved = row[ids]
@@ -165,13 +168,15 @@ class Sampler:
         self._default_rng = np.random.default_rng()
 
     def sample(self, logits: np.ndarray, params: list[SamplingParams],
-               generators: list[np.random.Generator | None], histories=None, banned=None) -> list[int]:
+               generators: list[np.random.Generator | None], histories=None, banned=None,
+               allowed=None) -> list[int]:
         # logits: [B, V] float32; histories: see apply_penalties (needed only when a request has penalties);
-        # banned: None, or per row None or the token ids it may not take now (stop tokens before min_tokens)
+        # banned: None, or per row None or the token ids it may not take now (stop tokens before min_tokens,
+        # bad words); allowed: None, or per row None or the only token ids it may take now (guided choice)
         assert logits.ndim == 2 and logits.shape[0] == len(params) == len(generators), \
             (logits.shape, len(params), len(generators))
         given, logits = logits, apply_penalties(logits, params, histories)
-        logits = apply_bias_and_masks(logits, params, banned, owned=logits is not given)
+        logits = apply_bias_and_masks(logits, params, banned, owned=logits is not given, allowed=allowed)
         b = logits.shape[0]
         out = [0] * b
         greedy = [i for i in range(b) if params[i].temperature == 0.0]

@@ -54,6 +54,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None   # None: off; N: each prompt token's log-probability and the N most likely
     skip_special_tokens: bool = True     # leave special tokens (e.g. <|im_start|>) out of the text
     include_stop_str_in_output: bool = False   # keep the stop string that ended the text at its end
+    guided_choice: list[str] | None = None     # the output text is exactly one of these strings
+    bad_words: list[str] | None = None         # words never generated (their token sequences, as in vLLM)
 
     def __post_init__(self):
         if not _is_int(self.n) or self.n < 1:
@@ -103,6 +105,19 @@ class SamplingParams:
             if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(t) and t >= 0 for t in ids):
                 raise ValueError(f"allowed_token_ids must be a non-empty list of ints >= 0, got {ids!r}")
             self.allowed_token_ids = sorted(set(ids))
+        for name in ("guided_choice", "bad_words"):
+            words = getattr(self, name)
+            if words is not None:
+                if not isinstance(words, (list, tuple)) or not words or not all(
+                        isinstance(w, str) and w.strip() for w in words):
+                    raise ValueError(f"{name} must be a non-empty list of strings that are not blank, got {words!r}")
+                setattr(self, name, list(dict.fromkeys(words)))
+        if self.guided_choice is not None:
+            clash = [name for name, on in (("ignore_eos=True", self.ignore_eos), ("min_tokens > 0", self.min_tokens),
+                                           ("allowed_token_ids", self.allowed_token_ids is not None)) if on]
+            if clash:
+                raise ValueError(f"guided_choice ends the request once the text is one of the choices; it cannot "
+                                 f"be combined with {', '.join(clash)}")
         rp = self.repetition_penalty
         if not _is_number(rp) or not 0 < rp < float("inf"):
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), got {rp!r}")

@@ -64,6 +64,15 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes[token_id]
 
+    @cached_property
+    def ids_by_bytes(self) -> dict[bytes, tuple[int, ...]]:
+        """The bytes of every token that is not special (and not empty) -> the ids that spell them."""
+        out: dict[bytes, list[int]] = {}
+        for i, b in enumerate(self._token_bytes):
+            if b and i not in self._special_ids:
+                out.setdefault(b, []).append(i)
+        return {b: tuple(ids) for b, ids in out.items()}
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 

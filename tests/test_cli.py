@@ -103,6 +103,20 @@ def test_bad_request_is_reported_before_any_work(tmp_path, capsys):
     assert not out.exists() or out.read_text() == ""
 
 
+def test_guided_choice_from_the_command_line_and_per_line(tmp_path):
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "flag", "prompt": [1, 2, 3]}\n'
+                   '{"id": "own", "prompt": [1, 2, 3], "guided_choice": ["maybe"]}\n'
+                   '{"id": "bad", "prompt": [4, 5], "guided_choice": ["yes"], "ignore_eos": true}\n')
+    out = tmp_path / "o.jsonl"
+    assert main(["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--skip-invalid",
+                 "--set", "max_num_batched_tokens=64", "--guided-choice", "yes", "no", "--bad-words", "n"]) == 0
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["flag"]["text"] == "yes" and rows["flag"]["finish_reason"] == "stop"     # "no" is a bad word
+    assert rows["own"]["text"] == "maybe"
+    assert "guided_choice ends the request" in rows["bad"]["error"]
+
+
 def test_skip_invalid_writes_error_lines_and_runs_the_rest(tmp_path, capsys):
     inp = tmp_path / "p.jsonl"
     inp.write_text('{"id": "ok", "prompt": [1, 2, 3]}\n'

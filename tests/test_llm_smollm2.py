@@ -69,6 +69,21 @@ def test_chat_says_paris(llm):
     assert "<|im_end|>" not in out.text
 
 
+def test_guided_choice_and_bad_words_label_reviews(llm):
+    reviews = ["I loved this film, the acting was wonderful.", "Terrible food and rude staff. Never again.",
+               "The package arrived on time and works as described.", "Worst purchase I have made this year."]
+    chats = [[{"role": "user", "content": "Classify the sentiment of this review as positive or negative.\n"
+                                          f"Review: {r}\nAnswer with one word."}] for r in reviews]
+    params = SamplingParams(max_tokens=8, temperature=0.0, guided_choice=["positive", "negative"])
+    outs = llm.chat(chats, params, use_tqdm=False)
+    assert [o.text for o in outs] == ["positive", "negative", "positive", "negative"]
+    assert all(o.finish_reason == "stop" and len(o.token_ids) == 1 for o in outs)   # one token each, no EOS step
+    free = llm.chat(chats[:1], SamplingParams(max_tokens=24, temperature=0.0), use_tqdm=False)[0]
+    banned = llm.chat(chats[:1], SamplingParams(max_tokens=24, temperature=0.0, bad_words=["positive"]),
+                      use_tqdm=False)[0]
+    assert "positive" in free.text.lower() and "positive" not in banned.text
+
+
 def test_prefix_caching_and_preemption_do_not_change_tokens(llm):
     system = ("You are a meticulous assistant for a library. Always answer briefly, cite the shelf "
               "number when you know it, and never invent titles. ") * 3

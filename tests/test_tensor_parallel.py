@@ -23,6 +23,8 @@ BIN = os.path.dirname(sys.executable)
 OVERRIDES = {"max_num_batched_tokens": 16, "max_num_seqs": 8, "num_blocks": 10,
              "enable_prefix_caching": True}
 MAX_TOKENS = 24
+# Sampled under a constraint that follows the output so far: a guided choice (on PROMPTS[:3]).
+GUIDED = {"max_tokens": 20, "temperature": 0.9, "seed": 5, "guided_choice": ["yes please", "yes", "no way"]}
 MSRUN_TIMEOUT = 300
 
 
@@ -149,7 +151,7 @@ def read_rank(out_dir, rank, log_dir) -> dict:
 def write_spec(tmp_path, overrides) -> str:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"config": TINY, "overrides": overrides, "prompts": PROMPTS,
-                                "max_tokens": MAX_TOKENS}))
+                                "max_tokens": MAX_TOKENS, "guided": GUIDED}))
     return str(spec)
 
 
@@ -162,12 +164,14 @@ def reference():
     stats = llm.stats()
     scored = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2),
                           use_tqdm=False)[0]
-    return llm, [o.token_ids for o in outs], stats, scored.prompt_logprobs
+    guided = [o.token_ids for o in llm.generate(PROMPTS[:3], SamplingParams(**GUIDED), use_tqdm=False)]
+    return llm, [o.token_ids for o in outs], stats, scored.prompt_logprobs, guided
 
 
 @pytest.mark.slow
 def test_tp2_generates_the_tokens_of_tp1(reference, tmp_path):
-    _, tokens, stats, prompt_logprobs = reference
+    _, tokens, stats, prompt_logprobs, guided = reference
+    assert len({bytes(t).decode() for t in guided}) > 1                   # the draws reach different choices
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0   # the pool is tight
     log_dir, out_dir = tmp_path / "log", tmp_path / "out"
     out_dir.mkdir()
@@ -187,6 +191,7 @@ def test_tp2_generates_the_tokens_of_tp1(reference, tmp_path):
         for got, want in zip(result["prompt_logprobs"][1:], prompt_logprobs[1:]):
             assert [t for t, _ in got] == list(want)
             assert max(abs(v - want[t]) for t, v in got) < 1e-4
+        assert result["guided_token_ids"] == guided
         # MS_ATB_DEBUG=1 compared the sampled tokens across ranks at every sampling step ...
         assert result["spmd_checks"] >= MAX_TOKENS
         # ... and a deliberate difference (each rank's own id) is caught on every rank.

@@ -1,9 +1,10 @@
 """One rank of the tensor-parallel test: msrun starts it once per rank (tests/test_tensor_parallel.py).
 
 python tests/tp_worker.py SPEC.json OUT_DIR
-SPEC: {"config": yaml path, "overrides": {LLM keywords}, "prompts": [[ids]], "max_tokens": n}.
+SPEC: {"config": yaml path, "overrides": {LLM keywords}, "prompts": [[ids]], "max_tokens": n,
+"guided": {SamplingParams fields}}.
 Writes OUT_DIR/rank{r}.json: token ids, stats, the first prompt's prompt_logprobs (N = 2; run after
-the others) and what the SPMD checks saw; on a ValueError
+the others), the first three prompts' tokens under "guided", and what the SPMD checks saw; on a ValueError
 (a wrong launch) writes {"error": message} and exits 3.
 """
 import json
@@ -24,11 +25,14 @@ def main(spec_path: str, out_dir: str) -> int:
         return 3
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
     outs = llm.generate(spec["prompts"], params, use_tqdm=False)
+    stats = llm.stats()                                # of this run alone
     scored = llm.generate(spec["prompts"][:1], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2),
                           use_tqdm=False)[0]
+    guided = llm.generate(spec["prompts"][:3], SamplingParams(**spec["guided"]), use_tqdm=False)
     result = {"rank": llm.rank, "token_ids": [o.token_ids for o in outs],
+              "guided_token_ids": [o.token_ids for o in guided],
               "prompt_logprobs": [None if d is None else list(d.items()) for d in scored.prompt_logprobs],
-              "num_cached_tokens": [o.num_cached_tokens for o in outs], "stats": llm.stats(),
+              "num_cached_tokens": [o.num_cached_tokens for o in outs], "stats": stats,
               "spmd_checks": llm.sampler.spmd_check.num_checks if isinstance(llm.sampler, SpmdSampler) else 0}
     # A deliberate divergence: every rank must see it, not only the one that differs.
     try:
