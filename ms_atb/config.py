@@ -64,7 +64,7 @@ class ContextSection:
 
 @dataclass
 class SamplingSection:
-    max_tokens: int = 64
+    max_tokens: Union[int, None] = 64      # None: up to max_model_len
     temperature: float = 0.0
     top_k: int = -1
     top_p: float = 1.0

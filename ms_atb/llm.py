@@ -17,7 +17,8 @@ from ms_atb.sampling_params import SamplingParams
 from ms_atb.request import Request
 from ms_atb.scheduler import Scheduler
 
-Prompt = Union[str, list[int], tuple[int, ...], np.ndarray]  # token ids: a list, tuple or 1-D integer array
+# text, token ids (a list, tuple or 1-D integer array), or vLLM's {"prompt": text} / {"prompt_token_ids": ids}
+Prompt = Union[str, list[int], tuple[int, ...], np.ndarray, dict]
 
 
 class LLM:
@@ -162,12 +163,13 @@ class LLM:
     def _make_requests(self, prompts, sampling_params, add_special_tokens: bool = True) -> list[Request]:
         if isinstance(prompts, np.ndarray) and prompts.ndim in (1, 2):
             prompts = [prompts] if prompts.ndim == 1 else list(prompts)     # one prompt, or one per row
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and all(_is_int(t) for t in prompts)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and all(_is_int(t) for t in prompts)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a list of token ids (or a 1-D integer array), or a list "
-                             f"of those (or a 2-D integer array, one prompt per row); got {type(prompts).__name__}")
+            raise ValueError(f"prompts must be a string, a list of token ids (or a 1-D integer array), a "
+                             f"{{'prompt' | 'prompt_token_ids': ...}} dict, or a list of those (or a 2-D integer "
+                             f"array, one prompt per row); got {type(prompts).__name__}")
         if sampling_params is None:
             sampling_params = self.default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -183,6 +185,14 @@ class LLM:
                      request_id: str | None = None, add_special_tokens: bool = True) -> Request:
         """Validates one request; ValueError naming its index."""
         try:
+            if isinstance(prompt, dict):
+                keys = sorted(prompt)
+                if keys not in (["prompt"], ["prompt_token_ids"]):
+                    raise ValueError(f"a dict prompt has exactly one key, 'prompt' (text) or 'prompt_token_ids', "
+                                     f"got {keys}")
+                prompt = prompt[keys[0]]
+                if isinstance(prompt, str) != (keys[0] == "prompt"):
+                    raise ValueError(f"'{keys[0]}' must be {'a string' if keys[0] == 'prompt' else 'token ids'}")
             if isinstance(prompt, str):
                 if not prompt:
                     raise ValueError("the prompt is empty")
@@ -209,6 +219,12 @@ class LLM:
             if named:
                 raise ValueError(f"token id {named[0]} in the sampling parameters (stop_token_ids, "
                                  f"logit_bias, allowed_token_ids) is outside the vocabulary [0, {vocab})")
+            if params.max_tokens is None:           # as many as max_model_len (and the KV pool) leave
+                room = self.scheduler.max_output_tokens(len(ids))
+                if room < 1:
+                    raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room to generate within "
+                                     f"max_model_len {self.max_model_len} and the KV pool")
+                params = dataclasses.replace(params, max_tokens=room)
             self.scheduler.check(len(ids), params.max_tokens)
             guide, bad_words_ids = self._text_constraints(params)
         except ValueError as e:

@@ -33,7 +33,7 @@ def _token_bias(bias) -> dict[int, float]:
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int | None = 16       # None: as many as max_model_len leaves after the prompt
     temperature: float = 1.0          # 0 = greedy
     top_k: int = -1                   # -1 = off
     top_p: float = 1.0                # 1.0 = off
@@ -63,8 +63,8 @@ class SamplingParams:
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or k < 1):
             raise ValueError(f"truncate_prompt_tokens must be None (off) or an int >= 1, got {k!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be None (up to max_model_len) or an int >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         self.temperature = float(self.temperature)
@@ -91,7 +91,7 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens):
             raise ValueError(f"min_tokens must be an int in [0, max_tokens = {self.max_tokens}], "
                              f"got {self.min_tokens!r}")
         for name in ("logprobs", "prompt_logprobs"):

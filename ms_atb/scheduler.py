@@ -93,6 +93,11 @@ class Scheduler:
             raise ValueError(f"prompt of {num_prompt_tokens} tokens exceeds max_num_batched_tokens "
                              f"{self.max_num_batched_tokens} and chunked prefill is disabled")
 
+    def max_output_tokens(self, num_prompt_tokens: int) -> int:
+        """The largest max_tokens that check() accepts for this prompt (< 1: none)."""
+        limit = min(self.max_model_len, self.block_manager.num_blocks * self.block_size + 1)
+        return limit - num_prompt_tokens
+
     def add(self, seq: Sequence) -> None:
         self.check(seq.num_prompt_tokens, seq.max_tokens)
         seq.status = SequenceStatus.WAITING

@@ -48,7 +48,7 @@ def test_leaf_names_are_unique_and_cover_every_section():
     ({"model": {"path": "random:tiny-llama"}, "sampling": {"temperature": -1}},
      r"sampling\.temperature must be a finite number >= 0"),
     ({"model": {"path": "random:tiny-llama"}, "sampling": {"top_p": 0}}, r"sampling\.top_p must be a number in \(0, 1\]"),
-    ({"model": {"path": "random:tiny-llama"}, "sampling": {"max_tokens": 0}}, r"sampling\.max_tokens must be an int >= 1"),
+    ({"model": {"path": "random:tiny-llama"}, "sampling": {"max_tokens": 0}}, r"sampling\.max_tokens must be None \(up to max_model_len\) or an int >= 1"),
 ])
 def test_bad_configs_name_the_key(data, match):
     with pytest.raises(ValueError, match=match):
