@@ -64,10 +64,7 @@ class EngineLoop:
 
     def run(self, use_tqdm: bool = True) -> Iterator[tuple[int, RequestOutput]]:
         llm, sched = self.llm, self.llm.scheduler
-        tok = llm.tokenizer
-        eos = set(tok.stop_token_ids) if tok is not None else set()
-        if tok is None and llm.model_config.eos_token_id is not None:
-            eos.add(llm.model_config.eos_token_id)
+        eos = llm.stop_token_ids
         self.start = now = time.perf_counter()
         try:
             for r in self.requests:

@@ -114,6 +114,19 @@ class LLM:
             loop.abort_unfinished()
             self._run_stats = loop.stats()
 
+    def beam_search(self, prompts, params, use_tqdm: bool = True):
+        """Beam search (ms_atb.beam_search.BeamSearchParams); one BeamSearchOutput per prompt, in order."""
+        from ms_atb.beam_search import beam_search
+        return beam_search(self, prompts, params, use_tqdm)
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        """The tokens that end a request unless ignore_eos: the tokenizer's (EOS, end of turn), else the model's EOS."""
+        if self.tokenizer is not None:
+            return set(self.tokenizer.stop_token_ids)
+        eos = self.model_config.eos_token_id
+        return set() if eos is None else {eos}
+
     def chat(self, conversations, sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """conversations: one list of {"role", "content"} messages, or a list of them."""
