@@ -25,6 +25,8 @@ SAMPLING_FLAGS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p"
                   "frequency_penalty": float, "min_tokens": int, "n": int, "truncate_prompt_tokens": int}
 # ... and the ones that take a list of strings (--guided-choice positive negative).
 LIST_FLAGS = {"guided_choice": "the output text is exactly one of these", "bad_words": "words never generated"}
+BEAM_FIELDS = ("max_tokens", "ignore_eos")      # what a request may set under --beam-width
+BEAM_CHUNK = 16                                 # prompts per beam search call: results are written per chunk
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,6 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, nargs="+", default=None, metavar="TEXT",
                        help=f"default {name} for requests that do not set it: {meaning}")
     p.add_argument("--ignore-eos", action="store_true", default=None)
+    p.add_argument("--beam-width", type=int, default=None, metavar="W",
+                   help="beam search with W beams instead of sampling (requests may set only max_tokens, ignore_eos)")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam search: a beam's score is its log-probability / its tokens ** this (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 
@@ -165,6 +171,14 @@ def _main(args) -> int:
     cfg = EngineConfig.load(args.config, **overrides)
     defaults = {k: v for k, v in vars(args).items()
                 if (k in SAMPLING_FLAGS or k in LIST_FLAGS or k == "ignore_eos") and v is not None}
+    beam = None
+    if args.beam_width is not None:
+        from ms_atb.beam_search import BeamSearchParams
+        beam = BeamSearchParams(args.beam_width, length_penalty=args.length_penalty)      # checks both
+        flags = sorted(set(defaults) - set(BEAM_FIELDS))
+        if flags:
+            raise ValueError(f"--beam-width takes only --max-tokens and --ignore-eos of the sampling flags, "
+                             f"got {['--' + f.replace('_', '-') for f in flags]}")
     invalid = []                  # error records of the requests skipped by --skip-invalid
 
     def reject(item, message):
@@ -181,6 +195,10 @@ def _main(args) -> int:
             continue
         where = f"{args.input}:{item.get('_line', n + 1)} (id {item['id']!r})"
         fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line")}
+        if beam is not None and set(fields) - set(BEAM_FIELDS):
+            reject(item, f"{where}: under --beam-width a request may set only {list(BEAM_FIELDS)}, "
+                         f"got {sorted(set(fields) - set(BEAM_FIELDS))}")
+            continue
         try:
             params = SamplingParams.from_dict({**dataclasses.asdict(cfg.sampling), **defaults, **fields})
         except ValueError as e:
@@ -213,25 +231,59 @@ def _main(args) -> int:
             for record in invalid:
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
-        for index, o in llm.generate_iter(requests, use_tqdm=not args.no_progress):
-            outputs.append(o)
+        records = (_beam_records(llm, requests, beam, outputs, not args.no_progress) if beam is not None
+                   else _sample_records(llm, requests, outputs, not args.no_progress))
+        for record in records:
             if out is not None:
-                record = {"id": o.request_id, **_sample_record(o.outputs[0]),   # the first sample's fields
-                          "num_prompt_tokens": len(o.prompt_token_ids), "num_cached_tokens": o.num_cached_tokens,
-                          "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}
-                del record["index"]
-                if o.prompt_logprobs is not None:
-                    record["prompt_logprobs"] = o.prompt_logprobs
-                if len(o.outputs) > 1:              # SamplingParams n > 1: every sample
-                    record["outputs"] = [_sample_record(c) for c in o.outputs]
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
                 out.flush()
     finally:
         if out is not None:
             out.close()
-    if rank0:
+    if rank0 and beam is not None:
+        elapsed = time.perf_counter() - t0
+        tokens = sum(len(o.sequences[0].token_ids) for o in outputs)
+        print(f"[ms_atb] beam search: {len(outputs)} requests in {elapsed:.1f} s, {tokens} best-beam tokens "
+              f"({tokens / max(elapsed, 1e-9):.1f}/s)", file=sys.stderr)
+    elif rank0:
         print(format_summary(summarize(outputs, time.perf_counter() - t0, llm.stats())), file=sys.stderr)
     return 0
+
+
+def _sample_records(llm, requests, outputs: list, progress: bool):
+    """Result lines of generate(), each as soon as its request finishes (outputs collects the RequestOutputs)."""
+    for _, o in llm.generate_iter(requests, use_tqdm=progress):
+        outputs.append(o)
+        record = {"id": o.request_id, **_sample_record(o.outputs[0]),   # the first sample's fields
+                  "num_prompt_tokens": len(o.prompt_token_ids), "num_cached_tokens": o.num_cached_tokens,
+                  "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}
+        del record["index"]
+        if o.prompt_logprobs is not None:
+            record["prompt_logprobs"] = o.prompt_logprobs
+        if len(o.outputs) > 1:              # SamplingParams n > 1: every sample
+            record["outputs"] = [_sample_record(c) for c in o.outputs]
+        yield record
+
+
+def _beam_records(llm, requests, beam, outputs: list, progress: bool):
+    """Result lines of beam search: the best beam's fields and every beam, written chunk by chunk (runs of
+    up to BEAM_CHUNK requests with the same max_tokens and ignore_eos)."""
+    i = 0
+    while i < len(requests):
+        key = (requests[i].params.max_tokens, requests[i].params.ignore_eos)
+        j = i + 1
+        while j < len(requests) and j - i < BEAM_CHUNK and \
+                (requests[j].params.max_tokens, requests[j].params.ignore_eos) == key:
+            j += 1
+        params = dataclasses.replace(beam, max_tokens=key[0], ignore_eos=key[1])
+        chunk = llm.beam_search([r.prompt_token_ids for r in requests[i:j]], params, use_tqdm=progress)
+        for request, o in zip(requests[i:j], chunk):
+            outputs.append(o)
+            beams = [{"text": b.text, "token_ids": b.token_ids, "finish_reason": b.finish_reason,
+                      "cumulative_logprob": b.cumulative_logprob, "score": b.score} for b in o.sequences]
+            yield {"id": request.request_id, **beams[0], "num_prompt_tokens": len(o.prompt_token_ids),
+                   "beams": beams}
+        i = j
 
 
 def _sample_record(c) -> dict:

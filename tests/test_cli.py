@@ -117,6 +117,27 @@ def test_guided_choice_from_the_command_line_and_per_line(tmp_path):
     assert "guided_choice ends the request" in rows["bad"]["error"]
 
 
+def test_beam_search_from_the_command_line(tmp_path, capsys):
+    from ms_atb import LLM, BeamSearchParams
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "a", "prompt": [1, 2, 3]}\n{"id": "b", "prompt": [9, 8, 7, 6], "max_tokens": 4}\n'
+                   '{"id": "c", "prompt": [5], "temperature": 0.5}\n')
+    out = tmp_path / "o.jsonl"
+    args = ["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--max-tokens", "6",
+            "--set", "max_num_batched_tokens=64", "--beam-width", "3", "--length-penalty", "0.5"]
+    assert main(args) == 2 and "under --beam-width a request may set only" in capsys.readouterr().err
+    assert main(args + ["--skip-invalid", "--overwrite"]) == 0
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert "temperature" in rows["c"]["error"]
+    llm = LLM(TINY, max_num_batched_tokens=64)
+    for rid, prompt, n in (("a", [1, 2, 3], 6), ("b", [9, 8, 7, 6], 4)):
+        want = llm.beam_search([prompt], BeamSearchParams(3, max_tokens=n, length_penalty=0.5), use_tqdm=False)[0]
+        assert [b["token_ids"] for b in rows[rid]["beams"]] == [s.token_ids for s in want.sequences]
+        assert rows[rid]["token_ids"] == want.sequences[0].token_ids and rows[rid]["num_prompt_tokens"] == len(prompt)
+    assert main(args + ["--temperature", "0.7", "--overwrite"]) == 2
+    assert "--beam-width takes only --max-tokens and --ignore-eos" in capsys.readouterr().err
+
+
 def test_skip_invalid_writes_error_lines_and_runs_the_rest(tmp_path, capsys):
     inp = tmp_path / "p.jsonl"
     inp.write_text('{"id": "ok", "prompt": [1, 2, 3]}\n'
