@@ -305,6 +305,33 @@ class ScatterSmallestFirst(BlockManager):
         return new_ids
 
 
+class TwoZones(BlockManager):
+    """Prompts packed from the bottom (near best fit among ranges nobody grows into, at the range's start,
+    no room); a blocked growing request jumps into a growth arena at the top: the highest such range,
+    a quarter of its expected growth below the range's end, which is its room. Session 10."""
+
+    def _take_new_contiguous(self, req, num_new):
+        fits = [f for f in _fits(self, num_new) if f[1] - 1 not in self._tails] if not req.block_ids else []
+        if not fits:
+            return super()._take_new_contiguous(req, num_new)
+        best = min(size for size, _ in fits)
+        start = min(start for size, start in fits if size <= best + 2)
+        self._carve(start, start, start + num_new)
+        return list(range(start, start + num_new))
+
+
+class TwoZonesGrow(TwoZones, _GrowVariant):
+    def _jump(self, req):
+        follow = req.block_ids[-1] + 1
+        if follow in self._starts:
+            return follow, follow
+        orphans = [(start, end) for start, end in self._starts.items() if start - 1 not in self._tails]
+        if not orphans:
+            return self._lowest_start(), self._lowest_start()
+        start, end = max(orphans)
+        return start, max(start, end - 1 - self._growth_blocks(req) // 4)
+
+
 class OracleExactFootprint(BlockManager):
     """Oracle: a prompt goes where it and its real growth fit, never into a live neighbour's real growth."""
 
@@ -355,6 +382,7 @@ VARIANTS = {
     "orphans first + jump fill": (OrphansFirstJumpFill, False),
     "full room when the range is ample": (FullRoomWhenAmple, False),
     "full room while the pool fits all": (type("FullRoomWhilePoolFits", (FullRoomWhenAmple,), {"POOL": True}), False),
+    "two zones: prompts low and growth high": (TwoZonesGrow, False),
     "oracle: kept policy": (BlockManager, True),
     "oracle: previous policy": (PreviousPolicy, True),
     "oracle: exact footprint": (OracleExactFootprint, True),
