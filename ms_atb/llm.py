@@ -79,6 +79,7 @@ class LLM:
         self.sampler = spmd_sampler(Sampler(), tp)
         self._next_id = 0
         self._run_stats: dict = {}
+        self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
 
     # ---- public API -----------------------------------------------------------------------
     def get_tokenizer(self):
@@ -254,7 +255,14 @@ class LLM:
             return None, []
         if self.tokenizer is None:
             raise ValueError("guided_choice and bad_words need a tokenizer; this model has none")
-        guide = None if params.guided_choice is None else ChoiceGuide(params.guided_choice, self.tokenizer)
+        guide = None
+        if params.guided_choice is not None:      # one guide (and its cache of allowed tokens) per choice list
+            key = tuple(params.guided_choice)
+            guide = self._guides.get(key)
+            if guide is None:
+                if len(self._guides) >= 256:
+                    self._guides.clear()
+                guide = self._guides[key] = ChoiceGuide(params.guided_choice, self.tokenizer)
         sequences = {}
         for word in params.bad_words or ():
             for text in (word, " " + word.lstrip()):

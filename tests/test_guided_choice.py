@@ -113,6 +113,13 @@ def test_greedy_guided_choice_matches_numpy(llm):
         assert out.text in choices and out.finish_reason == "stop"
 
 
+def test_requests_with_the_same_choices_share_one_guide(llm):
+    params = SamplingParams(guided_choice=["cat", "dog"])
+    first, second = (llm.make_request([1, 2], params, i) for i in range(2))
+    other = llm.make_request([1, 2], SamplingParams(guided_choice=["dog", "cat"]), 2)
+    assert first.guide is second.guide and other.guide is not first.guide
+
+
 def test_a_choice_cut_by_max_tokens_is_a_length_finish(llm):
     params = SamplingParams(max_tokens=3, temperature=0.0, guided_choice=["zebra crossing"])
     out = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0]
