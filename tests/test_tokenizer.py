@@ -301,6 +301,32 @@ def test_detok_joins_to_decode(which, sp_dir, json_dir):
         assert "".join(pieces) == tok.decode(ids)
 
 
+@pytest.mark.parametrize("which", ["embedded", "sp", "json"])
+def test_guided_choice_walks_decode_to_the_choice(which, sp_dir, json_dir):
+    """Random walks through the tokens a ChoiceGuide allows always decode to one of the choices, and the
+    tokenization encode() gives is among the walks open."""
+    import random
+    from ms_atb.guided_choice import ChoiceGuide
+    tok = _embedded() if which == "embedded" else load_tokenizer(str(sp_dir if which == "sp" else json_dir))
+    choices = ["hello world", "hello", " paged cache", "数字 2024", "Straße café"]
+    guide = ChoiceGuide(choices, tok)
+    rng = random.Random(0)
+    for _ in range(60):
+        ids, spelled = [], b""
+        while not guide.is_finished(spelled) and not (guide.is_choice(spelled) and rng.random() < 0.5):
+            options = guide.next_token_ids(spelled).tolist()
+            assert options and not any(tok.is_special(t) for t in options)
+            ids.append(rng.choice(options))
+            spelled += tok.token_bytes(ids[-1])
+        assert tok.decode(ids) in choices, (ids, tok.decode(ids))
+    for choice in choices:
+        ids, spelled = tok.encode(choice, add_special_tokens=False), b""
+        for t in ids:
+            assert t in guide.next_token_ids(spelled)
+            spelled += tok.token_bytes(t)
+        assert guide.is_choice(spelled)
+
+
 def test_detok_holds_partial_bytes_of_real_vocab():
     tok = _embedded()
     ids = tok.encode("🎉")
