@@ -57,7 +57,7 @@ def numpy_beam_search(prompt, width, max_tokens, ignore_eos=False, length_penalt
 
 @pytest.mark.parametrize("width, ignore_eos, length_penalty", [(1, True, 1.0), (3, True, 1.0), (4, False, 0.5)])
 def test_beams_match_numpy(llm, width, ignore_eos, length_penalty):
-    prompts = [[1, 2, 3], list(range(60, 100))]
+    prompts = [[4, 5, 6], list(range(60, 100))]     # near-ties in the ranking >= 6e-3 apart (fp32 vs fp64)
     params = BeamSearchParams(beam_width=width, max_tokens=8, ignore_eos=ignore_eos, length_penalty=length_penalty)
     outs = llm.beam_search(prompts, params, use_tqdm=False)
     for prompt, out in zip(prompts, outs):
