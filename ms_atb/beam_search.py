@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ms_atb.engine_loop import progress_bar
 from ms_atb.sampling_params import MAX_LOGPROBS, SamplingParams, _is_int, _is_number
 
 
@@ -62,7 +63,7 @@ def beam_search(llm, prompts, params: BeamSearchParams, use_tqdm: bool = True) -
     step_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=2 * width)
     live = [[BeamSequence([], 0.0, "length")] for _ in requests]
     done: list[list[BeamSequence]] = [[] for _ in requests]
-    bar = _progress(params.max_tokens, use_tqdm and llm.rank == 0)
+    bar = progress_bar(params.max_tokens, use_tqdm and llm.rank == 0, "step", "beam search")
     for _ in range(params.max_tokens):
         beams = [(i, beam) for i, group in enumerate(live) for beam in group]
         if not beams:
@@ -113,10 +114,3 @@ def _finished(hypotheses: list[BeamSequence], live: list[BeamSequence], params: 
         return not live
     worst = sorted(_score(h, params.length_penalty) for h in hypotheses)[-params.beam_width]
     return max(_score(b, params.length_penalty) for b in live) <= worst
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, unit="step", desc="beam search", dynamic_ncols=True)

@@ -41,12 +41,11 @@ class _Tracked:
         each bad word whose other tokens end the output."""
         seq, p = self.seq, self.request.params
         out = list(seq.stop_token_ids) if seq.num_output_tokens < p.min_tokens and not p.ignore_eos else []
-        if self.request.bad_words_ids:
-            output = seq.output_token_ids
-            for word in self.request.bad_words_ids:
-                k = len(word) - 1
-                if k <= len(output) and tuple(output[len(output) - k:]) == word[:-1]:
-                    out.append(word[-1])
+        tokens = seq.token_ids                            # only the output's tail is compared: no copy of it
+        for word in self.request.bad_words_ids:
+            k = len(word) - 1
+            if k <= seq.num_output_tokens and tuple(tokens[len(tokens) - k:]) == word[:-1]:
+                out.append(word[-1])
         return out or None
 
 
@@ -80,7 +79,7 @@ class EngineLoop:
                 for rest in pending[i:]:                  # not in the scheduler: nothing to abort
                     del self.tracked[rest.seq.request_id]
                 raise ValueError(f"request {t.request.index}: {e}") from None
-        bar = _progress(len(self.requests), use_tqdm)
+        bar = progress_bar(len(self.requests), use_tqdm, "req", "generate")
         try:
             while sched.has_unfinished():
                 step = sched.schedule()
@@ -263,8 +262,9 @@ class EngineLoop:
                 "kv_cache_usage_peak": float(np.max(self.usage)) if self.usage else 0.0}
 
 
-def _progress(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool, unit: str, desc: str):
+    """A tqdm bar, or None when disabled (tqdm is imported only then)."""
     if not enabled:
         return None
     from tqdm import tqdm
-    return tqdm(total=total, unit="req", desc="generate", dynamic_ncols=True)
+    return tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True)
