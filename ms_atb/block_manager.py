@@ -7,16 +7,18 @@ LRU queue; they are evicted into the clean ranges only when the clean blocks can
 an allocation, so the cache is never traded for contiguity.
 
 Placement (measured with scripts/bench_block_manager.py and scripts/placement_variants.py;
-BENCHMARKS.md § Block manager):
-- a new prompt continues right after its cached prefix when that range has room, else takes
-  the lowest-addressed range at most _FIT_SLACK blocks over the best fit; when a live request
-  ends right before that range, the prompt starts 1/4 of that request's expected growth (from
-  its max_tokens) into it, so the neighbour keeps some room and the rest is the prompt's own
-  room to grow; with no fitting range it scatters: the largest range, then the lowest ranges,
-  sweeping up small holes;
-- a growing request takes last + 1 when it is clean, else the start of the lowest range no
-  live request grows into, else the lowest clean block: free space drifts upward and merges.
-Every call costs O(log n) in the number of free ranges (amortised); nothing scans the pool.
+BENCHMARKS.md § Block manager). An "orphan" is a free range no live request grows into: the
+block before it is not a live request's last block.
+- a new prompt continues right after its cached prefix when that range has room, else takes,
+  among the ranges at most _FIT_SLACK blocks over the best fit, the lowest orphan, else the
+  lowest range; when a live request ends right before that range, the prompt starts 1/4 of that
+  request's expected growth (from its max_tokens) in, at most half of what the range leaves, so the
+  neighbour keeps some room and the rest is the prompt's own room to grow; with no fitting
+  range it scatters: the largest range, then the lowest ranges, sweeping up small holes;
+- a growing request takes last + 1 when it is clean, else the lowest orphan of at most half
+  its expected growth (a hole it will use up, not a large range split), else the lowest
+  orphan, else the lowest clean block: free space drifts upward and merges.
+Every call costs O(log n) in the number of blocks (amortised); nothing scans the pool.
 """
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ from heapq import heappop, heappush
 
 import xxhash
 
-from ms_atb.block_placement import SizeIndex
+from ms_atb.block_placement import OrphanIndex, SizeIndex
 
 _ALLOCATIONS = ("contiguous", "scattered")
-_FIT_SLACK = 2        # a range up to this many blocks over the best fit may be chosen for its address
+_FIT_SLACK = 4        # a range up to this many blocks over the best fit may be chosen for its address
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -80,7 +82,7 @@ class BlockManager:
         self._ends: dict[int, int] = {}
         self._by_size = SizeIndex()
         self._start_heap: list[int] = []                   # range starts, may hold stale ones
-        self._orphan_heap: list[int] = []                  # starts of ranges after no live tail (lazy)
+        self._orphans = OrphanIndex(num_blocks if self._contiguous else 0)
         self._tails: set[int] = set()                      # last block of every live request
         self._owner: list[_Request | None] = [None] * num_blocks if self._contiguous else []
         self._free_list: deque[int] = deque()
@@ -139,7 +141,7 @@ class BlockManager:
         self._evict_for(num_new)
         new_ids = self._take_new(req, num_new)
         if self._contiguous:
-            self._tails.add(req.block_ids[-1])
+            self._set_tail(req.block_ids[-1])
         self._requests[request_id] = req
         c = self._counters
         if self._caching and cache_lookup:
@@ -289,15 +291,21 @@ class BlockManager:
 
     def _first_block_in(self, start: int, num_new: int) -> int:
         """Where num_new blocks go in the range at start: after a live request's tail, 1/4 of its
-        expected growth in (as much as the range leaves), so that it keeps room; else at the start."""
+        expected growth in (at most half of what the range leaves), so that it keeps room; else
+        at the start."""
         if start - 1 not in self._tails:
             return start
         room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
-        return start + min(room, self._starts[start] - start - num_new)
+        return start + min(room, (self._starts[start] - start - num_new) // 2)
 
     def _best_fit(self, num_new: int) -> int | None:
-        """Start of the lowest range among those at most _FIT_SLACK blocks over the best fit."""
-        return self._by_size.lowest_near_fit(num_new, _FIT_SLACK)
+        """Among the ranges at most _FIT_SLACK blocks over the best fit, the lowest orphan (it needs
+        no room for a neighbour), else the lowest range; None if no range fits."""
+        size = self._by_size.best_fit(num_new)
+        if size is None:
+            return None
+        start = self._orphans.by_size.lowest_between(size, size + _FIT_SLACK)
+        return self._by_size.lowest_between(size, size + _FIT_SLACK) if start is None else start
 
     def _growth_blocks(self, req: _Request) -> int:
         """Blocks req is expected to append still: half its remaining max_tokens, in blocks."""
@@ -317,14 +325,12 @@ class BlockManager:
             self._num_clean -= 1
         else:
             block = last + 1
-            if block not in self._starts:
-                block = self._lowest_orphan_start()
-                if block is None:
-                    block = self._lowest_start()
+            if block not in self._starts:   # jump; the block after last is held: no room left there
+                block = self._jump_target(req)
+            self._tails.discard(last)
+            self._tails.add(block)          # before the carve: the rest of the range is block's room
             self._carve(block, block, block + 1)
             self._owner[block] = req
-            self._untail(last)
-            self._tails.add(block)
         assert self._ref_counts[block] == 0
         self._ref_counts[block] = 1
         table.append(block)
@@ -338,18 +344,26 @@ class BlockManager:
             heappop(heap)
         return heap[0]
 
-    def _lowest_orphan_start(self) -> int | None:
-        heap, starts, tails = self._orphan_heap, self._starts, self._tails
-        while heap and (heap[0] not in starts or heap[0] - 1 in tails):
-            heappop(heap)
-        return heap[0] if heap else None
+    def _jump_target(self, req: _Request) -> int:
+        """Where a request whose next block is held goes: the lowest orphan of at most half its
+        expected growth, else the lowest orphan, else the lowest range."""
+        start = self._orphans.lowest_at_most(max(1, self._growth_blocks(req) // 2))
+        if start is None:
+            start = self._orphans.lowest()
+        return self._lowest_start() if start is None else start
+
+    def _set_tail(self, block: int) -> None:
+        """block becomes a live request's last block: the range after it is that request's room."""
+        self._tails.add(block)
+        self._orphans.discard(block + 1)
 
     def _untail(self, block: int) -> None:
         """block stops being a live request's last block: the range after it is nobody's room."""
         if self._contiguous:
             self._tails.discard(block)
-            if block + 1 in self._starts:
-                heappush(self._orphan_heap, block + 1)
+            end = self._starts.get(block + 1)
+            if end is not None:
+                self._orphans.add(block + 1, end - block - 1)
 
     # ---- free ranges ----------------------------------------------------------------
     def _insert_range(self, start: int, end: int) -> None:
@@ -361,15 +375,13 @@ class BlockManager:
         if len(heap) > 2 * len(self._starts) + 64:  # drop stale starts; amortised O(1)
             self._start_heap = sorted(self._starts)
         if start - 1 not in self._tails:
-            heap = self._orphan_heap
-            heappush(heap, start)
-            if len(heap) > 2 * len(self._starts) + 64:
-                self._orphan_heap = sorted(s for s in self._starts if s - 1 not in self._tails)
+            self._orphans.add(start, end - start)
 
     def _remove_range(self, start: int) -> int:
         end = self._starts.pop(start)
         del self._ends[end]
         self._by_size.remove(end - start, start)
+        self._orphans.discard(start)
         return end
 
     def _carve(self, start: int, lo: int, hi: int) -> None:

@@ -1,4 +1,9 @@
-"""Size index of the block manager's free ranges: address-ordered best-fit look-ups in O(log n)."""
+"""Indexes of the block manager's free ranges: address-ordered near-fit look-ups in O(log n).
+
+SizeIndex holds every free range by size; OrphanIndex holds the ranges no live request grows
+into ("orphans": the block before them is not a live request's last block), by size and by a
+min-tree over sizes, so that "the lowest orphan of at most k blocks" costs O(log n) too.
+"""
 from __future__ import annotations
 
 from bisect import bisect_left, insort
@@ -38,21 +43,28 @@ class SizeIndex:
             del self.heaps[key]
             del self.keys[bisect_left(self.keys, key)]
 
-    def lowest_near_fit(self, key: int, slack: int) -> int | None:
-        """The lowest start among ranges of sizes in [best fit, best fit + slack]; None if none fits."""
-        keys = self.keys
-        i = bisect_left(keys, key)
-        if i == len(keys):
-            return None
-        top, lowest = keys[i] + slack, None
-        while i < len(keys) and keys[i] <= top:
-            start = self._lowest_start(keys[i])
+    def best_fit(self, key: int) -> int | None:
+        """The smallest size >= key; None if no range is that large."""
+        i = bisect_left(self.keys, key)
+        return self.keys[i] if i < len(self.keys) else None
+
+    def lowest_between(self, lo: int, hi: int) -> int | None:
+        """The lowest start among ranges of sizes in [lo, hi]; None if there is none."""
+        keys, lowest = self.keys, None
+        i = bisect_left(keys, lo)
+        while i < len(keys) and keys[i] <= hi:
+            start = self.lowest_start(keys[i])
             if lowest is None or start < lowest:
                 lowest = start
             i += 1
         return lowest
 
-    def _lowest_start(self, key: int) -> int:
+    def lowest_near_fit(self, key: int, slack: int) -> int | None:
+        """The lowest start among ranges of sizes in [best fit, best fit + slack]; None if none fits."""
+        size = self.best_fit(key)
+        return None if size is None else self.lowest_between(size, size + slack)
+
+    def lowest_start(self, key: int) -> int:
         heap, bucket = self.heaps[key], self.buckets[key]
         while heap[0] not in bucket:
             heappop(heap)
@@ -63,3 +75,69 @@ class SizeIndex:
             return None
         key = self.keys[-1]
         return key, next(iter(self.buckets[key]))
+
+
+class OrphanIndex:
+    """The free ranges nobody grows into: start -> size, a SizeIndex, a min-tree over sizes
+    (leaf k: the lowest orphan start of size k) and a lazy min-heap of all orphan starts."""
+
+    def __init__(self, max_size: int):
+        self.size_of: dict[int, int] = {}
+        self.by_size = SizeIndex()
+        self._width = 1 << max(0, max_size).bit_length()      # leaves for sizes 0 .. width - 1
+        self._tree = [_NONE] * (2 * self._width)              # [2 * width] min over children
+        self._heap: list[int] = []
+
+    def add(self, start: int, size: int) -> None:
+        self.size_of[start] = size
+        self.by_size.add(size, start)
+        if start < self._tree[self._width + size]:
+            self._set_leaf(size, start)
+        heappush(self._heap, start)
+        if len(self._heap) > 2 * len(self.size_of) + 64:  # drop stale starts; amortised O(1)
+            self._heap = sorted(self.size_of)
+
+    def discard(self, start: int) -> None:
+        size = self.size_of.pop(start, None)
+        if size is None:
+            return
+        self.by_size.remove(size, start)
+        if self._tree[self._width + size] == start:
+            bucket = self.by_size.buckets.get(size)
+            self._set_leaf(size, _NONE if bucket is None else self.by_size.lowest_start(size))
+
+    def lowest(self) -> int | None:
+        heap = self._heap
+        while heap and heap[0] not in self.size_of:
+            heappop(heap)
+        return heap[0] if heap else None
+
+    def lowest_at_most(self, cap: int) -> int | None:
+        """The lowest start among orphans of at most cap blocks; None if there is none."""
+        tree, lo, hi = self._tree, self._width + 1, self._width + min(cap, self._width - 1) + 1
+        best = _NONE
+        while lo < hi:                                         # min over leaves [1, cap]
+            if lo & 1:
+                best = min(best, tree[lo])
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                best = min(best, tree[hi])
+            lo >>= 1
+            hi >>= 1
+        return None if best == _NONE else best
+
+    def _set_leaf(self, size: int, start: int) -> None:
+        tree = self._tree
+        i = self._width + size
+        tree[i] = start
+        i >>= 1
+        while i:
+            low = min(tree[2 * i], tree[2 * i + 1])
+            if tree[i] == low:          # unchanged here: unchanged above
+                return
+            tree[i] = low
+            i >>= 1
+
+
+_NONE = 1 << 62   # an empty leaf of the min-tree: above every block id

@@ -1,8 +1,12 @@
 """Placement policies the block manager did not adopt, measured on the churn benchmark (issue #2).
 
-Each variant is a BlockManager subclass that changes one thing: the room a new prompt leaves the
-live request before it (`_left_room_divisor`), which range it takes (`_best_fit`), where it
-goes or scatters (`_take_new_contiguous`), or which block a growing request takes (`_grow`).
+Each variant is a BlockManager subclass that changes one thing of the policy it was measured
+against, the one kept from session 5 to session 10 (`Session5Policy`): the room a new prompt
+leaves the live request before it (`_left_room_divisor`), which range it takes (`_best_fit`),
+where it goes or scatters (`_take_new_contiguous`), or which block a growing request takes
+(`_grow`). "orphans first + jump fill" became the kept policy in session 11; its variant here is
+the scanning form it was measured in, and tests/test_placement_variants.py checks that the two
+place every block alike.
 The classic baselines (plain best fit, first fit, the article's largest range) leave no room.
 Everything else, the workload included, is scripts/bench_block_manager.py's. Two variants are
 oracles: the workload tells the manager how many tokens each request will really generate
@@ -11,7 +15,7 @@ Variants may scan the free ranges (O(ranges) per call): they are experiments, no
 the O(log n) manager.
 
     .venv/bin/python scripts/placement_variants.py [--seeds 0-5] [--steps 4000] [--only a,b]
-    .venv/bin/python scripts/placement_variants.py --pools     # kept vs previous policy on other pools
+    .venv/bin/python scripts/placement_variants.py --pools     # kept vs the session 5-10 policy on other pools
 
 Prints, per variant and mix, allocation_contiguity per seed, the mean and the mean contiguity.
 """
@@ -65,19 +69,38 @@ def _growth_blocks(bm, req) -> int:
     return 0 if req is None else bm._growth_blocks(req)
 
 
-class NoLeftRoom(BlockManager):
+class Session5Policy(BlockManager):
+    """The policy kept from session 5 to session 10: the lowest range at most 2 blocks over the best
+    fit; after a live tail, the neighbour keeps 1/4 of its expected growth, as much as the range leaves;
+    a jump goes to the lowest range nobody grows into."""
+
+    def _best_fit(self, num_new):
+        return self._by_size.lowest_near_fit(num_new, 2)
+
+    def _first_block_in(self, start, num_new):
+        if start - 1 not in self._tails:
+            return start
+        room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
+        return start + min(room, self._starts[start] - start - num_new)
+
+    def _jump_target(self, req):
+        start = self._orphans.lowest()
+        return self._lowest_start() if start is None else start
+
+
+class NoLeftRoom(Session5Policy):
     _left_room_divisor = 1 << 30
 
 
-class LeftRoomHalf(BlockManager):
+class LeftRoomHalf(Session5Policy):
     _left_room_divisor = 2
 
 
-class LeftRoomEighth(BlockManager):
+class LeftRoomEighth(Session5Policy):
     _left_room_divisor = 8
 
 
-class LeftRoomWhole(BlockManager):
+class LeftRoomWhole(Session5Policy):
     _left_room_divisor = 1
 
 
@@ -115,8 +138,8 @@ class PlainBestFit(NoLeftRoom):
     def _best_fit(self, num_new):
         return _smallest_at_least(self, num_new)
 
-    def _lowest_orphan_start(self):
-        return None
+    def _jump_target(self, req):
+        return self._lowest_start()
 
 
 class FirstFit(NoLeftRoom):
@@ -133,7 +156,7 @@ class LargestRange(NoLeftRoom):
         return largest[1] if largest and largest[0] >= num_new else None
 
 
-class RoomForOwnGrowth(BlockManager):
+class RoomForOwnGrowth(Session5Policy):
     """The smallest range that holds the prompt plus its own expected growth, else the kept rule."""
 
     def _take_new_contiguous(self, req, num_new):
@@ -150,7 +173,7 @@ def _take_one(bm, req, start, block):
     bm._carve(start, block, block + 1)
     bm._owner[block] = req
     bm._untail(last)
-    bm._tails.add(block)
+    bm._set_tail(block)
     bm._ref_counts[block] = 1
     req.block_ids.append(block)
     c = bm._counters
@@ -158,7 +181,7 @@ def _take_one(bm, req, start, block):
     c["contiguous_follow_blocks"] += block == last + 1
 
 
-class _GrowVariant(BlockManager):
+class _GrowVariant(Session5Policy):
     def _grow(self, request_id, req):
         if self.num_free_blocks == 0:
             raise NoFreeBlocksError(f"request {request_id!r} needs a block, none free")
@@ -182,7 +205,7 @@ class JumpToOrphanEnd(_GrowVariant):
         follow = req.block_ids[-1] + 1
         if follow in self._starts:
             return follow, follow
-        start = self._lowest_orphan_start()
+        start = self._orphans.lowest()
         if start is None:
             start = self._lowest_start()
         return start, max(start, self._starts[start] - self._blocks_below_end(req))
@@ -200,14 +223,14 @@ class JumpToTopRoom(JumpToOrphanEnd):
 
 
 def _near_fit_slack(slack):
-    class NearFitSlack(BlockManager):
+    class NearFitSlack(Session5Policy):
         def _best_fit(self, num_new):
             return self._by_size.lowest_near_fit(num_new, slack)
     NearFitSlack.__name__ = f"NearFitSlack{slack}"
     return NearFitSlack
 
 
-class TwoEnded(BlockManager):
+class TwoEnded(Session5Policy):
     """Large prompts (32+ blocks, half the largest) take the highest-addressed near fit, small ones
     the lowest: size classes kept apart so that large requests free large neighbouring ranges."""
 
@@ -222,7 +245,7 @@ class TwoEnded(BlockManager):
         return max(max(self._by_size.buckets[k]) for k in sizes)
 
 
-class AlignedInOrphans(BlockManager):
+class AlignedInOrphans(Session5Policy):
     """A prompt in a range nobody grows into starts at a multiple of 16 blocks when it still fits
     there (buddy-style alignment, so that neighbours freed together merge into aligned ranges)."""
 
@@ -237,7 +260,7 @@ class AlignedInOrphans(BlockManager):
         return list(range(lo, lo + num_new))
 
 
-class OrphansFirst(BlockManager):
+class OrphansFirst(Session5Policy):
     """Near fits up to 4 blocks over the best fit, ranges nobody grows into first (they need no room),
     then the lowest address; the left neighbour's room is at most half the range's slack."""
 
@@ -252,7 +275,8 @@ class OrphansFirst(BlockManager):
 class OrphansFirstJumpFill(OrphansFirst, _GrowVariant):
     """Orphans first, and a blocked growing request jumps to the lowest orphan range of at most half its
     expected growth: it fills a small hole it will use up instead of splitting a large range; else the
-    kept jump. Session 9; it scans the free ranges (O(log n) would need more indexes)."""
+    kept jump. Session 9, in the form it was measured in (scanning the free ranges); the kept policy
+    since session 11, where BlockManager's OrphanIndex answers the same questions in O(log n)."""
 
     def _jump(self, req):
         follow = req.block_ids[-1] + 1
@@ -260,11 +284,11 @@ class OrphansFirstJumpFill(OrphansFirst, _GrowVariant):
             return follow, follow
         cap = max(1, self._growth_blocks(req) * 0.5)
         small = [s for s, e in self._starts.items() if e - s <= cap and s - 1 not in self._tails]
-        start = min(small) if small else self._lowest_orphan_start()
+        start = min(small) if small else self._orphans.lowest()
         return (start, start) if start is not None else (self._lowest_start(), self._lowest_start())
 
 
-class FullRoomWhenAmple(BlockManager):
+class FullRoomWhenAmple(Session5Policy):
     """At low load, the left neighbour gets its whole worst-case growth as room when the range also holds
     the prompt and the prompt's own worst case (POOL: when the free pool holds every live request's
     worst case); otherwise the kept room."""
@@ -288,7 +312,7 @@ class FullRoomWhenAmple(BlockManager):
         return super()._first_block_in(start, num_new)
 
 
-class ScatterSmallestFirst(BlockManager):
+class ScatterSmallestFirst(Session5Policy):
     """With no fitting range, scatter from the smallest ranges up."""
 
     def _take_new_contiguous(self, req, num_new):
@@ -305,7 +329,7 @@ class ScatterSmallestFirst(BlockManager):
         return new_ids
 
 
-class TwoZones(BlockManager):
+class TwoZones(Session5Policy):
     """Prompts packed from the bottom (near best fit among ranges nobody grows into, at the range's start,
     no room); a blocked growing request jumps into a growth arena at the top: the highest such range,
     a quarter of its expected growth below the range's end, which is its room. Session 10."""
@@ -332,7 +356,7 @@ class TwoZonesGrow(TwoZones, _GrowVariant):
         return start, max(start, end - 1 - self._growth_blocks(req) // 4)
 
 
-class OracleExactFootprint(BlockManager):
+class OracleExactFootprint(Session5Policy):
     """Oracle: a prompt goes where it and its real growth fit, never into a live neighbour's real growth."""
 
     def _take_new_contiguous(self, req, num_new):
@@ -361,6 +385,7 @@ class OracleExactFootprint(BlockManager):
 # name -> (manager class, tell the manager each request's real end)
 VARIANTS = {
     "kept policy": (BlockManager, False),
+    "session 5-10 policy": (Session5Policy, False),
     "previous policy (sessions 1-4)": (PreviousPolicy, False),
     "no left room": (NoLeftRoom, False),
     "left room 1/8": (LeftRoomEighth, False),
@@ -383,7 +408,7 @@ VARIANTS = {
     "full room when the range is ample": (FullRoomWhenAmple, False),
     "full room while the pool fits all": (type("FullRoomWhilePoolFits", (FullRoomWhenAmple,), {"POOL": True}), False),
     "two zones: prompts low and growth high": (TwoZonesGrow, False),
-    "oracle: kept policy": (BlockManager, True),
+    "oracle: session 5-10 policy": (Session5Policy, True),
     "oracle: previous policy": (PreviousPolicy, True),
     "oracle: exact footprint": (OracleExactFootprint, True),
 }
@@ -424,7 +449,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4000, help="steps of the churn mix (other mixes: half)")
     ap.add_argument("--only", default=None, help="comma-separated variant names (default: all)")
     ap.add_argument("--pools", action="store_true",
-                    help="instead: the kept and previous policies on other pool sizes and length ranges")
+                    help="instead: the kept and the session 5-10 policies on other pool sizes and length ranges")
     args = ap.parse_args()
     names = list(VARIANTS) if args.only is None else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in names if n not in VARIANTS]
@@ -432,7 +457,7 @@ def main() -> None:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     seeds = _seeds(args.seeds)
     if args.pools:
-        pool_table(names if args.only else ["kept policy", "previous policy (sessions 1-4)"], seeds, args.steps)
+        pool_table(names if args.only else ["kept policy", "session 5-10 policy"], seeds, args.steps)
         return
     print(f"allocation_contiguity per seed {seeds[0]}..{seeds[-1]}, mean, and mean contiguity")
     for mix_name in MIXES:

@@ -275,7 +275,11 @@ def _line_events(num_blocks):
 
 
 def test_no_per_call_work_proportional_to_pool():
-    assert _line_events(100_000) == _line_events(1_000)
+    # the same calls on pools of 2**10, 2**15 and 2**20 blocks (rounded up): each 32x larger pool adds
+    # the same few lines (5 more levels of the orphan index's min-tree): O(log n), no scan
+    small, mid, large = _line_events(1_000), _line_events(32_000), _line_events(1_000_000)
+    assert large - mid == mid - small
+    assert large < 1.25 * small
 
 
 def test_contiguous_beats_scattered_on_fragmented_pool():
@@ -295,7 +299,7 @@ def test_contiguous_beats_scattered_on_fragmented_pool():
 
 
 
-@pytest.mark.parametrize("first_hole, start", [(5, 4), (6, 4), (7, 15)])
+@pytest.mark.parametrize("first_hole, start", [(5, 4), (8, 4), (9, 17)])
 def test_near_best_fits_go_to_the_lowest_address(first_hole, start):
     bm = BlockManager(64, 4)
     for rid, blocks in (("r0", 4), ("r1", first_hole), ("r2", 4), ("r3", 4), ("r4", 4)):
@@ -303,7 +307,7 @@ def test_near_best_fits_go_to_the_lowest_address(first_hole, start):
     bm.free("r1")                               # hole [4, 4 + first_hole)
     bm.free("r3")                               # hole of exactly 4 blocks after r2
     assert bm.block_table("r2")[-1] + 1 == 8 + first_hole
-    bm.allocate("n", toks(0, 16))               # within 2 blocks of the best fit, the lower hole wins
+    bm.allocate("n", toks(0, 16))               # within 4 blocks of the best fit, the lower hole wins
     assert bm.block_table("n") == list(range(start, start + 4))
 
 
@@ -326,3 +330,41 @@ def test_left_room_never_costs_a_prompt_its_fit():
     assert bm.block_table("x") == [7, 8]
     bm.allocate("y", toks(0, 12))                   # 3 blocks: a's room is an exact fit, taken whole
     assert bm.block_table("y") == [4, 5, 6]
+
+
+def test_near_fits_prefer_a_range_nobody_grows_into():
+    bm = BlockManager(64, 4)
+    for rid, blocks in (("p", 2), ("h", 3), ("x", 2), ("y", 3), ("z", 1)):
+        bm.allocate(rid, toks(0, 4 * blocks))   # p [0, 2), h [2, 5), x [5, 7), y [7, 10), z [10]
+    bm.append_token("x", 0)                     # 7 is y's: x jumps to 11, so 6 is no longer its tail
+    assert bm.block_table("x") == [5, 6, 11]
+    bm.free("h")                                # [2, 5): room after p's tail
+    bm.free("y")                                # [7, 10): after x's old end, nobody's room
+    bm.allocate("n", toks(0, 12))               # both fit exactly: the one nobody grows into wins
+    assert bm.block_table("n") == [7, 8, 9]
+
+
+def test_left_room_is_at_most_half_of_what_the_range_leaves():
+    bm = BlockManager(10, 4)
+    bm.allocate("a", toks(0, 16), max_tokens=100)   # [0, 4); a quarter of its expected growth is 3
+    bm.allocate("x", toks(0, 8))                    # the range [4, 10) leaves 4: a gets 2, x keeps 2
+    assert bm.block_table("x") == [6, 7]
+
+
+def test_a_blocked_request_jumps_into_a_small_hole_it_will_fill():
+    bm = BlockManager(64, 4)
+    bm.allocate("r0", toks(0, 32))                  # [0, 8)
+    bm.allocate("x", toks(0, 8))                    # [8, 10)
+    bm.allocate("y", toks(0, 4))                    # [10]
+    bm.allocate("a", toks(0, 16), max_tokens=40)    # [11, 15); expected growth 20 tokens: 5 blocks
+    bm.allocate("z", toks(0, 4))                    # [16]: a keeps one block of room
+    bm.append_token("x", 0)                         # x is blocked and takes a's room
+    assert bm.block_table("x") == [8, 9, 15]
+    bm.free("y")                                    # a 1-block hole after x's old end
+    bm.free("r0")                                   # an 8-block range below it
+    for t in range(4):
+        bm.append_token("a", t)                     # a's 17th-20th tokens: one more block
+    # blocked: a takes the hole of at most half its expected growth (2), not the lowest range's start,
+    # which stays whole for a prompt
+    assert bm.block_table("a") == [11, 12, 13, 14, 10]
+    assert bm._starts[0] == 8

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ms_atb.block_manager import BlockManager, NoFreeBlocksError, hash_block
-from ms_atb.block_placement import SizeIndex
+from ms_atb.block_placement import OrphanIndex, SizeIndex
 
 BS = 4
 NUM_BLOCKS = 12
@@ -93,6 +93,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 free.update(range(s, e))
                 assert bm._ends[e] == s and s in bm._by_size.buckets[e - s]
                 assert s not in bm._ends and e not in bm._starts   # ranges are maximal: merged on free
+                # an orphan is exactly a range after no live request's last block
+                assert bm._orphans.size_of.get(s) == (None if s - 1 in bm._tails else e - s)
+            assert set(bm._orphans.size_of) <= set(bm._starts)
+            assert bm._tails == {bm.block_table(rid)[-1] for rid in self.tokens}
             assert len(bm._ends) == len(bm._starts)
         else:
             free.update(bm._free_list)
@@ -140,3 +144,24 @@ def test_size_index_lowest_near_fit_matches_a_scan(ops, queries):
         expected = (min(s for s, size in model.items() if min(fits) <= size <= min(fits) + slack)
                     if fits else None)
         assert index.lowest_near_fit(need, slack) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 9), st.integers(0, 30)), max_size=60),
+       caps=st.lists(st.integers(0, 12), min_size=1, max_size=5))
+def test_orphan_index_matches_a_scan(ops, caps):
+    index, model = OrphanIndex(9), {}       # model: start -> size
+    for add, size, start in ops:
+        if add and start not in model:
+            index.add(start, size)
+            model[start] = size
+        elif not add:
+            index.discard(start)            # a start that is not there is ignored
+            model.pop(start, None)
+    assert index.size_of == model
+    assert index.lowest() == min(model, default=None)
+    for cap in caps:
+        assert index.lowest_at_most(cap) == min((s for s, size in model.items() if size <= cap), default=None)
+    for lo, hi in ((1, 3), (2, 9), (4, 4)):
+        assert index.by_size.lowest_between(lo, hi) == min(
+            (s for s, size in model.items() if lo <= size <= hi), default=None)

@@ -20,7 +20,8 @@ def test_without_a_planner_it_replays_the_benchmark_exactly():
         sim = lookahead.ChurnSim(seed, num_blocks=512, mix=MIX)
         for _ in range(400):
             sim.step()
-        ref = bench.run_workload(bench.OursAdapter("contiguous", 512, 16), MIX, 400, seed=seed, num_blocks=512)
+        adapter = bench.OursAdapter("contiguous", 512, 16, manager_cls=lookahead.Session5Policy)
+        ref = bench.run_workload(adapter, MIX, 400, seed=seed, num_blocks=512)
         s = sim.bm.stats()
         assert s["allocation_contiguity"] == ref["allocation_contiguity"]
         assert s["contiguity"] == ref["contiguity"]
