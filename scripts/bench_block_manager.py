@@ -35,6 +35,17 @@ MIXES = {
     "long-heavy 512-2048/256-1024": ((512, 2048), (256, 1024)),
 }
 
+# name -> draw(rng) -> (prompt tokens, max_tokens): non-uniform shapes, to check that a placement policy
+# is not tuned to the uniform mixes (scripts/placement_variants.py --shaped-mixes)
+SHAPED_MIXES = {
+    "bimodal prompts 16-64 | 768-1024, max_tokens 16-1024": lambda rng: (
+        rng.randint(16, 64) if rng.random() < 0.5 else rng.randint(768, 1024), rng.randint(16, 1024)),
+    "exponential prompts and max_tokens, mean 16 + 300, at most 1024": lambda rng: (
+        min(1024, 16 + int(rng.expovariate(1 / 300))), min(1024, 16 + int(rng.expovariate(1 / 300)))),
+    "max_tokens always 512, prompts 16-1024": lambda rng: (rng.randint(16, 1024), 512),
+    "chat: prompts 200-400, max_tokens 16-2048": lambda rng: (rng.randint(200, 400), rng.randint(16, 2048)),
+}
+
 
 class NoBlocks(Exception):
     pass
@@ -71,9 +82,9 @@ class OursAdapter:
 
 def run_workload(adapter, mix, steps: int, seed: int = 0, num_blocks: int = 4096,
                  block_size: int = 16, tell_end: bool = False) -> dict:
-    """tell_end: an oracle experiment. Each allocate gets max_tokens = 2 x the tokens the request
-    will really still generate, so the manager's estimate (half the remaining max_tokens) is exact."""
-    (p_lo, p_hi), (m_lo, m_hi) = mix
+    """mix: ((prompt lo, hi), (max_tokens lo, hi)) in tokens, each uniform; or draw(rng) -> (prompt,
+    max_tokens). tell_end: an oracle experiment. Each allocate gets max_tokens = 2 x the tokens the
+    request will really still generate, so the manager's estimate (half the remaining max_tokens) is exact."""
     rng = random.Random(seed)
     waiting: deque = deque()
     running: dict = {}   # rid -> [tokens_so_far, generated, end_at, max_tokens]; insertion = admission
@@ -84,7 +95,11 @@ def run_workload(adapter, mix, steps: int, seed: int = 0, num_blocks: int = 4096
 
     def new_request():
         nonlocal next_id
-        prompt_len, max_tokens = rng.randint(p_lo, p_hi), rng.randint(m_lo, m_hi)
+        if callable(mix):
+            prompt_len, max_tokens = mix(rng)
+        else:
+            (p_lo, p_hi), (m_lo, m_hi) = mix
+            prompt_len, max_tokens = rng.randint(p_lo, p_hi), rng.randint(m_lo, m_hi)
         base = next_id * 4096
         next_id += 1
         return [f"r{next_id}", list(range(base, base + prompt_len)), 0, rng.randint(1, max_tokens), max_tokens]

@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from bench_block_manager import MIXES  # noqa: E402
-from placement_variants import Session5Policy  # noqa: E402
+from placement_base import Session5Policy  # noqa: E402
 
 from ms_atb.block_manager import NoFreeBlocksError, _Request  # noqa: E402
 from ms_atb.block_placement import SizeIndex  # noqa: E402

@@ -1,8 +1,8 @@
-"""Placement policies the block manager did not adopt, measured on the churn benchmark (issue #2).
+"""Placement policies measured for the block manager on the churn benchmark (issue #2).
 
 Each variant is a BlockManager subclass that changes one thing of the policy it was measured
-against, the one kept from session 5 to session 10 (`Session5Policy`): the room a new prompt
-leaves the live request before it (`_left_room_divisor`), which range it takes (`_best_fit`),
+against, the one kept from session 5 to session 10 (`Session5Policy`, in placement_base.py): the
+room a new prompt leaves the live request before it (`_left_room_divisor`), which range it takes (`_best_fit`),
 where it goes or scatters (`_take_new_contiguous`), or which block a growing request takes
 (`_grow`). "orphans first + jump fill" became the kept policy in session 11; its variant here is
 the scanning form it was measured in, and tests/test_placement_variants.py checks that the two
@@ -16,6 +16,7 @@ the O(log n) manager.
 
     .venv/bin/python scripts/placement_variants.py [--seeds 0-5] [--steps 4000] [--only a,b]
     .venv/bin/python scripts/placement_variants.py --pools     # kept vs the session 5-10 policy on other pools
+    .venv/bin/python scripts/placement_variants.py --shaped-mixes --seeds 0-19   # ... on non-uniform length mixes
 
 Prints, per variant and mix, allocation_contiguity per seed, the mean and the mean contiguity.
 """
@@ -31,61 +32,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from bench_block_manager import MIXES, OursAdapter, run_workload  # noqa: E402
-from ms_atb.block_manager import BlockManager, NoFreeBlocksError  # noqa: E402
-
-
-def _fits(bm, n):
-    """(size, start) of every free range of at least n blocks."""
-    return [(end - start, start) for start, end in bm._starts.items() if end - start >= n]
-
-
-def _smallest_at_least(bm, n):
-    """Start of the first range (in insertion order) of the smallest size >= n, or None."""
-    keys = bm._by_size.keys
-    i = bisect_left(keys, n)
-    return next(iter(bm._by_size.buckets[keys[i]])) if i < len(keys) else None
-
-
-def _near_fits(bm, n, slack, limit):
-    """Up to limit (size, start), smallest sizes first, of sizes in [best fit, best fit + slack]."""
-    keys, out = bm._by_size.keys, []
-    i = bisect_left(keys, n)
-    while i < len(keys) and keys[i] <= keys[bisect_left(keys, n)] + slack and len(out) < limit:
-        out.extend((keys[i], start) for start in list(bm._by_size.buckets[keys[i]])[:limit - len(out)])
-        i += 1
-    return out
-
-
-def _max_growth(bm, req, placed: int = 0) -> int:
-    """Blocks req may still append at most (all of its max_tokens), once `placed` more blocks are its."""
-    if req is None or req.max_len is None:
-        return 0
-    return max(0, -(-req.max_len // bm._block_size) - len(req.block_ids) - placed)
-
-
-def _growth_blocks(bm, req) -> int:
-    """Blocks the request (None: no request) is expected to append still."""
-    return 0 if req is None else bm._growth_blocks(req)
-
-
-class Session5Policy(BlockManager):
-    """The policy kept from session 5 to session 10: the lowest range at most 2 blocks over the best
-    fit; after a live tail, the neighbour keeps 1/4 of its expected growth, as much as the range leaves;
-    a jump goes to the lowest range nobody grows into."""
-
-    def _best_fit(self, num_new):
-        return self._by_size.lowest_near_fit(num_new, 2)
-
-    def _first_block_in(self, start, num_new):
-        if start - 1 not in self._tails:
-            return start
-        room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
-        return start + min(room, self._starts[start] - start - num_new)
-
-    def _jump_target(self, req):
-        start = self._orphans.lowest()
-        return self._lowest_start() if start is None else start
+from bench_block_manager import MIXES, SHAPED_MIXES, OursAdapter, run_workload  # noqa: E402
+from placement_base import (Session5Policy, _fits, _growth_blocks, _GrowVariant, _max_growth,  # noqa: E402
+                            _near_fits, _smallest_at_least)
+from ms_atb.block_manager import BlockManager  # noqa: E402
 
 
 class NoLeftRoom(Session5Policy):
@@ -165,29 +115,6 @@ class RoomForOwnGrowth(Session5Policy):
             return super()._take_new_contiguous(req, num_new)
         self._carve(start, start, start + num_new)
         return list(range(start, start + num_new))
-
-
-def _take_one(bm, req, start, block):
-    """Give req the clean block `block`, cut from the range that begins at `start`."""
-    last = req.block_ids[-1]
-    bm._carve(start, block, block + 1)
-    bm._owner[block] = req
-    bm._untail(last)
-    bm._set_tail(block)
-    bm._ref_counts[block] = 1
-    req.block_ids.append(block)
-    c = bm._counters
-    c["follow_blocks"] += 1
-    c["contiguous_follow_blocks"] += block == last + 1
-
-
-class _GrowVariant(Session5Policy):
-    def _grow(self, request_id, req):
-        if self.num_free_blocks == 0:
-            raise NoFreeBlocksError(f"request {request_id!r} needs a block, none free")
-        self._evict_for(1)
-        start, block = self._jump(req)
-        _take_one(self, req, start, block)
 
 
 class GrowFromSmallest(_GrowVariant):
@@ -438,6 +365,26 @@ def pool_table(names: list[str], seeds: list[int], steps: int) -> None:
                   f"  seed {seeds[0]} {rs[0]['allocation_contiguity']:.3f}  contiguity {mean_contig:.3f}")
 
 
+def shaped_table(names: list[str], seeds: list[int], steps: int) -> None:
+    """Each policy on bench_block_manager's non-uniform mixes: mean, and the paired difference to the first."""
+    print(f"\n== non-uniform length mixes, 4096 x 16, {steps} steps, seeds {seeds[0]}-{seeds[-1]} ==")
+    for mix_name, draw in SHAPED_MIXES.items():
+        base = None
+        for name in names:
+            cls, tell_end = VARIANTS[name]
+            rs = [run_workload(OursAdapter("contiguous", 4096, 16, manager_cls=cls), draw, steps, seed=seed,
+                               tell_end=tell_end) for seed in seeds]
+            allocs = [r["allocation_contiguity"] for r in rs]
+            line = (f"{mix_name:<66} {name:<22} mean {statistics.fmean(allocs):.3f}"
+                    f"  contiguity {statistics.fmean(r['contiguity'] for r in rs):.3f}")
+            if base is None:
+                base = allocs
+            elif len(seeds) > 1:
+                d = [a - b for a, b in zip(allocs, base)]
+                line += f"  vs {names[0]}: {statistics.fmean(d):+.4f} ± {statistics.stdev(d) / len(d) ** 0.5:.4f}"
+            print(line, flush=True)
+
+
 def _seeds(text: str) -> list[int]:
     lo, _, hi = text.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))
@@ -450,12 +397,17 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated variant names (default: all)")
     ap.add_argument("--pools", action="store_true",
                     help="instead: the kept and the session 5-10 policies on other pool sizes and length ranges")
+    ap.add_argument("--shaped-mixes", action="store_true",
+                    help="instead: the session 5-10 and the kept policies on non-uniform length mixes")
     args = ap.parse_args()
     names = list(VARIANTS) if args.only is None else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     seeds = _seeds(args.seeds)
+    if args.shaped_mixes:
+        shaped_table(names if args.only else ["session 5-10 policy", "kept policy"], seeds, 3000)
+        return
     if args.pools:
         pool_table(names if args.only else ["kept policy", "session 5-10 policy"], seeds, args.steps)
         return
