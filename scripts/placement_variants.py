@@ -2,10 +2,10 @@
 
 Each variant is a BlockManager subclass that changes one thing of the policy it was measured
 against, the one kept from session 5 to session 10 (`Session5Policy`, in placement_base.py): the
-room a new prompt leaves the live request before it (`_left_room_divisor`), which range it takes (`_best_fit`),
-where it goes or scatters (`_take_new_contiguous`), or which block a growing request takes
-(`_grow`). "orphans first + jump fill" became the kept policy in session 11; its variant here is
-the scanning form it was measured in, and tests/test_placement_variants.py checks that the two
+room a new prompt leaves the live request before it (`_left_room_divisor`), which range it takes
+(`_best_fit`), where it goes or scatters (`_take_new_contiguous`), or which block a growing request
+takes (`_grow`). "orphans first + jump fill" became the kept policy in session 11; its variant here
+is the scanning form it was measured in, and tests/test_placement_variants.py checks that the two
 place every block alike.
 The classic baselines (plain best fit, first fit, the article's largest range) leave no room.
 Everything else, the workload included, is scripts/bench_block_manager.py's. Two variants are
