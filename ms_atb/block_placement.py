@@ -78,24 +78,20 @@ class SizeIndex:
 
 
 class OrphanIndex:
-    """The free ranges nobody grows into: start -> size, a SizeIndex, a min-tree over sizes
-    (leaf k: the lowest orphan start of size k) and a lazy min-heap of all orphan starts."""
+    """The free ranges nobody grows into: start -> size, a SizeIndex, and a min-tree over sizes
+    (leaf k: the lowest orphan start of size k)."""
 
     def __init__(self, max_size: int):
         self.size_of: dict[int, int] = {}
         self.by_size = SizeIndex()
         self._width = 1 << max(0, max_size).bit_length()      # leaves for sizes 0 .. width - 1
         self._tree = [_NONE] * (2 * self._width)              # [2 * width] min over children
-        self._heap: list[int] = []
 
     def add(self, start: int, size: int) -> None:
         self.size_of[start] = size
         self.by_size.add(size, start)
         if start < self._tree[self._width + size]:
             self._set_leaf(size, start)
-        heappush(self._heap, start)
-        if len(self._heap) > 2 * len(self.size_of) + 64:  # drop stale starts; amortised O(1)
-            self._heap = sorted(self.size_of)
 
     def discard(self, start: int) -> None:
         size = self.size_of.pop(start, None)
@@ -107,10 +103,8 @@ class OrphanIndex:
             self._set_leaf(size, _NONE if bucket is None else self.by_size.lowest_start(size))
 
     def lowest(self) -> int | None:
-        heap = self._heap
-        while heap and heap[0] not in self.size_of:
-            heappop(heap)
-        return heap[0] if heap else None
+        """The lowest orphan start; None if there is none."""
+        return self.lowest_at_most(self._width)
 
     def lowest_at_most(self, cap: int) -> int | None:
         """The lowest start among orphans of at most cap blocks; None if there is none."""

@@ -78,7 +78,7 @@ class PlacedManager(Session5Policy):
         new._by_size = _copy_size_index(self._by_size)
         orphans = new._orphans = copy.copy(self._orphans)
         orphans.size_of, orphans.by_size = dict(orphans.size_of), _copy_size_index(orphans.by_size)
-        orphans._tree, orphans._heap = orphans._tree[:], orphans._heap[:]
+        orphans._tree = orphans._tree[:]
         new._start_heap = self._start_heap[:]
         new._tails, new._counters = set(self._tails), dict(self._counters)
         return new
