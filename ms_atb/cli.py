@@ -1,11 +1,11 @@
 """ms-atb-generate: offline batch generation from a prompt file into JSONL.
 
-Input: a text file (one prompt per line) or JSONL lines with "prompt" (a string or token ids)
-or "messages" (a chat), an optional "id" and optional sampling fields. Each request is written
-and flushed as soon as it finishes; --resume skips ids already in the output, so an interrupted
-run loses nothing and duplicates nothing. With --skip-invalid, a request that cannot run (bad JSON,
-a bad sampling field, a prompt too long...) is written as {"id", "error"} and the others run;
---resume counts those lines as done.
+Input: a text file (one prompt per line; "\\n" in a line is a newline) or JSONL lines with "prompt"
+(a string or token ids) or "messages" (a chat), an optional "id" and optional sampling fields. Each
+request is written and flushed as soon as it finishes; --resume skips ids already in the output, so
+an interrupted run loses nothing and duplicates nothing. With --skip-invalid, a request that cannot
+run (bad JSON, a bad sampling field, a prompt too long...) is written as {"id", "error"} and the
+others run; --resume counts those lines as done.
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="YAML config, HF directory or .gguf file")
     p.add_argument("--input", required=True, help="prompts: .txt (one per line) or .jsonl")
     p.add_argument("--output", required=True, help="JSONL results, one line per request")
-    p.add_argument("--resume", action="store_true", help="skip ids already in --output and append")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    existing = p.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true", help="skip ids already in --output and append")
+    existing.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--chat", action="store_true", help="apply the chat template to plain prompts")
     p.add_argument("--skip-invalid", action="store_true",
                    help="write an error line for each invalid request and run the others (default: stop)")
@@ -98,8 +99,10 @@ def _parse_line(raw: bytes, lineno: int, path: str, jsonl: bool) -> list[dict]:
         error = ValueError(f"{path}:{lineno}: each line needs exactly one of 'prompt' or 'messages'")
         error.request_id = str(item["id"]) if isinstance(item, dict) and "id" in item else None
         raise error
-    item.setdefault("id", f"line-{lineno}")
-    item["id"] = str(item["id"])
+    rid = item.setdefault("id", f"line-{lineno}")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+        raise ValueError(f"{path}:{lineno}: 'id' must be a string or an integer, got {json.dumps(rid)}")
+    item["id"] = str(rid)
     item["_line"] = lineno
     return [item]
 
@@ -166,7 +169,11 @@ def _main(args) -> int:
         key, eq, value = kv.partition("=")
         if not eq:
             raise ValueError(f"--set expects KEY=VALUE, got {kv!r}")
-        overrides[key.strip()] = yaml.safe_load(value)
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or e
+            raise ValueError(f"--set {kv!r}: the value is not valid YAML ({problem})") from None
     # Configuration and sampling fields are checked before the engine is built, prompts after.
     cfg = EngineConfig.load(args.config, **overrides)
     defaults = {k: v for k, v in vars(args).items()
@@ -213,11 +220,13 @@ def _main(args) -> int:
             if "messages" in item:
                 prompt, special = llm.apply_chat_template(item["messages"]), False
             elif args.chat:
+                if not isinstance(prompt, str):
+                    raise ValueError("--chat applies the chat template to text prompts; this prompt is token ids")
                 prompt, special = llm.apply_chat_template([{"role": "user", "content": prompt}]), False
             requests.append(llm.make_request(prompt, params, len(requests), request_id=item["id"],
                                              add_special_tokens=special))
-        except ValueError as e:
-            reject(item, f"{where}: {e}")
+        except ValueError as e:     # make_request names the request by its index; `where` names the line
+            reject(item, f"{where}: {str(e).removeprefix(f'request {len(requests)}: ')}")
     rank0 = llm.rank == 0
     if rank0:
         skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""

@@ -99,7 +99,7 @@ class EngineConfig:
                 raise ValueError(f"config file not found: {source!r}")
             with open(source, encoding="utf-8") as f:
                 try:
-                    data = yaml.safe_load(f) or {}
+                    data = yaml.load(f, Loader=_UniqueKeyLoader) or {}
                 except yaml.YAMLError as e:
                     where = getattr(e, "problem_mark", None)
                     at = f":{where.line + 1}:{where.column + 1}" if where is not None else ""
@@ -184,6 +184,20 @@ _LEAVES = {f.name: section for section, klass in _SECTION_CLASSES.items()
            for f in dataclasses.fields(klass)}
 assert len(_LEAVES) == sum(len(dataclasses.fields(k)) for k in _SECTION_CLASSES.values()), \
     "leaf names must be unique across sections"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error, not the last value."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def config_keys() -> dict[str, str]:

@@ -192,6 +192,14 @@ class LLM:
                 or not all(isinstance(p, SamplingParams) for p in sampling_params):
             raise ValueError(f"sampling_params must be one SamplingParams or a list of {len(prompts)} "
                              f"(one per prompt)")
+        checked = set()
+        for i, sp in enumerate(sampling_params):    # fields may have been changed since construction
+            if id(sp) not in checked:
+                checked.add(id(sp))
+                try:
+                    sp.validate()
+                except ValueError as e:
+                    raise ValueError(f"request {i}: {e}") from None
         return [self.make_request(p, sp, i, add_special_tokens=add_special_tokens)
                 for i, (p, sp) in enumerate(zip(prompts, sampling_params))]
 
@@ -281,7 +289,8 @@ class LLM:
     def reset_scheduler(self, **overrides) -> None:
         """Empties the KV cache and applies scheduling settings that need no recompilation:
         num_blocks (up to the pool built), enable_prefix_caching, allocation,
-        enable_chunked_prefill, max_num_seqs and max_num_batched_tokens (up to those built)."""
+        enable_chunked_prefill, max_num_seqs and max_num_batched_tokens (up to those built).
+        A ValueError changes nothing: every override is checked before the engine keeps any."""
         built = self._built_limits
         allowed = ("num_blocks", "enable_prefix_caching", "allocation", "enable_chunked_prefill",
                    "max_num_seqs", "max_num_batched_tokens")
@@ -291,12 +300,25 @@ class LLM:
             if key in built and not (isinstance(value, int) and 1 <= value <= built[key]):
                 raise ValueError(f"{key} must be an integer in [1, {built[key]}] (the engine was built "
                                  f"for {built[key]}), got {value!r}")
-            if key == "num_blocks":
-                self.num_blocks = value
-            else:
-                self.config._set(config_keys()[key], key, value)
-        self.config.validate()
-        self.scheduler = self.new_scheduler()
+        sections = config_keys()
+        old = {key: self.num_blocks if key == "num_blocks" else getattr(getattr(self.config, sections[key]), key)
+               for key in overrides}
+        try:
+            for key, value in overrides.items():
+                if key == "num_blocks":
+                    self.num_blocks = value
+                else:
+                    self.config._set(sections[key], key, value)
+            self.config.validate()
+            scheduler = self.new_scheduler()
+        except ValueError:
+            for key, value in old.items():
+                if key == "num_blocks":
+                    self.num_blocks = value
+                else:
+                    setattr(getattr(self.config, sections[key]), key, value)
+            raise
+        self.scheduler = scheduler
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams(**dataclasses.asdict(self.config.sampling))

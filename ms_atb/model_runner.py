@@ -84,7 +84,12 @@ class ModelRunner:
         self.buckets = token_buckets(max_num_batched_tokens)
         ms.set_context(mode=ms.GRAPH_MODE)
         if ms.get_context("device_target") != _DEVICES[device]:
-            ms.set_device(_DEVICES[device])  # only possible before MindSpore's runtime starts
+            try:
+                ms.set_device(_DEVICES[device])  # only possible before MindSpore's runtime starts
+            except RuntimeError as e:            # e.g. "npu" with a CPU-only MindSpore build
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(f"context.device {device!r}: this MindSpore {ms.__version__} cannot use it "
+                                 f"({reason}); 'cpu' works with every build") from None
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank)
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,

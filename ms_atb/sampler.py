@@ -179,16 +179,18 @@ class Sampler:
         logits = apply_bias_and_masks(logits, params, banned, owned=logits is not given, allowed=allowed)
         b = logits.shape[0]
         out = [0] * b
-        greedy = [i for i in range(b) if params[i].temperature == 0.0]
+        greedy = [i for i in range(b) if params[i].greedy]
         if greedy:
             for i, t in zip(greedy, np.argmax(logits[greedy], axis=1)):   # argmax: first (lowest id) max
                 out[i] = int(t)
-        sampled = [i for i in range(b) if params[i].temperature != 0.0]
+        sampled = [i for i in range(b) if not params[i].greedy]
         if not sampled:
             return out
         u = np.array([(generators[i] or self._default_rng).random() for i in sampled])   # [S]
         rows = logits[sampled].astype(np.float32)                                        # [S, V]
-        temps = np.array([params[i].temperature for i in sampled], dtype=np.float32)    # [S]
+        # [S]; past 1e30 every finite logit gap divides to ~0 anyway, and a float32 inf would turn the -inf
+        # of a masked token into NaN
+        temps = np.array([min(params[i].temperature, 1e30) for i in sampled], dtype=np.float32)
         e = np.exp((rows - rows.max(axis=1, keepdims=True)) / temps[:, None])            # [S, V]
         for j, i in enumerate(sampled):                     # e is p / p_max: min-p keeps e >= min_p
             if params[i].min_p > 0.0:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 
 MAX_LOGPROBS = 20
+GREEDY_BELOW = 1e-5   # a temperature under this is greedy, as in vLLM (dividing logits by it would overflow)
 
 
 def _is_int(x) -> bool:
@@ -23,7 +24,7 @@ def _token_bias(bias) -> dict[int, float]:
         raise ValueError(error)
     out = {}
     for key, value in bias.items():
-        if isinstance(key, str) and key.isdigit():
+        if isinstance(key, str) and key.isascii() and key.isdigit():
             key = int(key)
         if not _is_int(key) or key < 0 or not _is_number(value) or not -100 <= value <= 100:
             raise ValueError(error)
@@ -34,8 +35,8 @@ def _token_bias(bias) -> dict[int, float]:
 @dataclass
 class SamplingParams:
     max_tokens: int | None = 16       # None: as many as max_model_len leaves after the prompt
-    temperature: float = 1.0          # 0 = greedy
-    top_k: int = -1                   # -1 = off
+    temperature: float = 1.0          # 0 (or under GREEDY_BELOW) = greedy
+    top_k: int = -1                   # -1 or 0 = off
     top_p: float = 1.0                # 1.0 = off
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -58,6 +59,11 @@ class SamplingParams:
     bad_words: list[str] | None = None         # words never generated (their token sequences, as in vLLM)
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks every field (ValueError naming it) and normalises them in place; idempotent. The engine
+        calls it again for each request, so fields changed after construction are checked too."""
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an int >= 1 (samples per prompt), got {self.n!r}")
         k = self.truncate_prompt_tokens
@@ -68,8 +74,10 @@ class SamplingParams:
         if not _is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         self.temperature = float(self.temperature)
-        if not _is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):
-            raise ValueError(f"top_k must be -1 (off) or an int >= 1, got {self.top_k!r}")
+        if not _is_int(self.top_k) or not (self.top_k in (-1, 0) or self.top_k >= 1):
+            raise ValueError(f"top_k must be -1 or 0 (off) or an int >= 1, got {self.top_k!r}")
+        if self.top_k == 0:
+            self.top_k = -1
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         self.top_p = float(self.top_p)
@@ -135,7 +143,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

@@ -29,6 +29,8 @@ def test_read_requests_text_and_jsonl(tmp_path):
 
 @pytest.mark.parametrize("content, match", [
     ('{"prompt": "a"\n', r"p\.jsonl:1: not valid JSON"),
+    ('{"id": null, "prompt": "a"}\n', r"p\.jsonl:1: 'id' must be a string or an integer, got null"),
+    ('{"id": [1], "prompt": "a"}\n', r"p\.jsonl:1: 'id' must be a string or an integer, got \[1\]"),
     ('{"id": 1}\n', r"p\.jsonl:1: each line needs exactly one of 'prompt' or 'messages'"),
     ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', r"id '1' appears more than once"),
 ])
@@ -89,6 +91,29 @@ def test_done_ids_never_truncates_results_after_a_bad_line(tmp_path, bad):
     assert out.read_text() == content
     out.write_text('{"id": "a", "text": "x"}\n' + bad)                              # as the last line: torn
     assert done_ids(str(out)) == {"a"} and out.read_text() == '{"id": "a", "text": "x"}\n'
+
+
+def test_bad_flags_exit_with_a_message(tmp_path, capsys):
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "a", "prompt": [1, 2]}\n')
+    out = str(tmp_path / "o.jsonl")
+    assert main(["--config", TINY, "--input", str(inp), "--output", out, "--set", "num_blocks=["]) == 2
+    assert "--set 'num_blocks=[': the value is not valid YAML" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["--config", TINY, "--input", str(inp), "--output", out, "--resume", "--overwrite"])
+    assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_chat_flag_needs_text_prompts(tmp_path):
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "ids", "prompt": [1, 2]}\n{"id": "text", "prompt": "hi"}\n')
+    out = tmp_path / "o.jsonl"
+    assert main(["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--chat",
+                 "--skip-invalid", "--max-tokens", "2", "--ignore-eos"]) == 0
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["ids"]["error"].endswith("p.jsonl:1 (id 'ids'): --chat applies the chat template to text prompts; "
+                                             "this prompt is token ids")
+    assert len(rows["text"]["token_ids"]) == 2
 
 
 def test_bad_request_is_reported_before_any_work(tmp_path, capsys):
@@ -160,6 +185,7 @@ def test_skip_invalid_writes_error_lines_and_runs_the_rest(tmp_path, capsys):
                 "vocab": "outside the vocabulary"}
     for rid, text in expected.items():
         assert text in rows[rid]["error"] and "text" not in rows[rid], rows[rid]
+    assert "request " not in rows["long"]["error"]        # the line names it, not the engine's batch index
     assert "5 invalid written as error lines" in capsys.readouterr().err
     # --resume counts error lines as done; without --skip-invalid the first bad line stops the run.
     assert main(args + ["--skip-invalid", "--resume"]) == 0

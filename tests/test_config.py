@@ -75,6 +75,15 @@ def test_invalid_yaml_names_the_file_and_line(tmp_path):
         EngineConfig.load(str(path))
 
 
+def test_a_key_given_twice_is_an_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  path: random:tiny-llama\nkv_cache:\n  num_blocks: 64\n  num_blocks: 32\n")
+    with pytest.raises(ValueError, match=r"c\.yaml:5:3: not valid YAML \(key 'num_blocks' appears twice\)"):
+        EngineConfig.load(str(path))
+    path.write_text("model:\n  path: random:tiny-llama\nkv_cache:\n  num_blocks: 64\nscheduler:\n  max_num_seqs: 4\n")
+    assert EngineConfig.load(str(path)).kv_cache.num_blocks == 64     # the same key in two sections is fine
+
+
 def test_max_model_len_defaults_to_the_models_limit():
     from ms_atb import LLM
     assert EngineConfig.load({"model": {"path": "random:tiny-llama"}}).model.max_model_len is None

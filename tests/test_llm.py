@@ -1,6 +1,8 @@
 """End-to-end generate() on the tiny random Llama: against an independent numpy model, with prefix
 caching on and off, under preemption, seeded sampling, stop conditions and bad input."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -240,9 +242,33 @@ def test_stop_token_ids_end_the_request(llm):
                        use_tqdm=False)[0]
     assert out.finish_reason == "stop"
     assert out.token_ids == expected[:first + 1]           # includes the token that ended it
+    # ignore_eos ignores only EOS: the request's own stop_token_ids still end it (as in vLLM)
     ignored = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop],
                                                             ignore_eos=True), use_tqdm=False)[0]
-    assert ignored.token_ids == expected and ignored.finish_reason == "length"
+    assert ignored.token_ids == expected[:first + 1] and ignored.finish_reason == "stop"
+
+
+def test_ignore_eos_skips_eos_only(llm):
+    eos = llm.get_tokenizer().eos_token_id
+    forced = dict(max_tokens=5, temperature=0.0, logit_bias={eos: 100.0})      # EOS wins every step
+    stops = llm.generate([[1, 2, 3]], SamplingParams(**forced), use_tqdm=False)[0]
+    assert stops.token_ids == [eos] and stops.finish_reason == "stop"
+    runs = llm.generate([[1, 2, 3]], SamplingParams(**forced, ignore_eos=True), use_tqdm=False)[0]
+    assert runs.token_ids == [eos] * 5 and runs.finish_reason == "length"
+    # min_tokens holds back a stop id under ignore_eos too
+    held = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0.0, logit_bias={7: 100.0},
+                                                    stop_token_ids=[7], min_tokens=3, ignore_eos=True),
+                        use_tqdm=False)[0]
+    assert 7 not in held.token_ids[:3] and held.token_ids[3] == 7 and held.finish_reason == "stop"
+
+
+def test_tiny_temperatures_are_greedy(llm):
+    expected = llm.generate([[1, 2, 3, 4, 5]], GREEDY, use_tqdm=False)[0].token_ids
+    for t in (5e-324, 1e-46, 1e-30, 9e-6):       # 0 in float32, or an overflow of logits / t
+        for extra in ({}, dict(top_k=5), dict(top_p=0.5, seed=3)):
+            params = SamplingParams(max_tokens=12, temperature=t, ignore_eos=True, **extra)
+            out = llm.generate([[1, 2, 3, 4, 5]], params, use_tqdm=False)[0]
+            assert out.token_ids == expected, (t, extra)
 
 
 def test_string_prompts_and_stop_strings(llm):
@@ -298,11 +324,29 @@ def test_bad_requests_are_rejected_before_any_work(llm, prompt, params, match):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=-3), "max_tokens"),
     (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(top_k=0), "top_k"), (dict(top_k=-2), "top_k"),
+    (dict(top_k=-2), "top_k"), (dict(top_k=1.5), "top_k"), (dict(logit_bias={"²": 1.0}), "logit_bias"),
 ])
 def test_bad_sampling_params(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)
+
+
+def test_top_k_zero_is_off_as_in_vllm():
+    assert SamplingParams(top_k=0).top_k == -1
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("max_tokens", 0, "max_tokens"), ("top_k", -5, "top_k"), ("temperature", -1.0, "temperature"),
+    ("top_p", 0.0, "top_p"), ("stop", [""], "stop"),
+])
+def test_sampling_params_changed_after_construction_are_checked(llm, field, value, match):
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    setattr(params, field, value)
+    steps = llm.scheduler.num_steps
+    with pytest.raises(ValueError, match=f"request 1: {match}"):
+        llm.generate([[1, 2, 3], [4, 5]], [GREEDY, params], use_tqdm=False)
+    assert llm.scheduler.num_steps == steps and not llm.scheduler.has_unfinished()
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == numpy_greedy([1, 2, 3], 12)
 
 
 def test_sampling_params_list_must_match(llm):
@@ -318,6 +362,17 @@ def test_sampling_params_list_must_match(llm):
 def test_bad_engine_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LLM(TINY, **kwargs)
+
+
+def test_a_device_this_mindspore_cannot_use_is_a_value_error():
+    # its own process: a MindSpore that can switch to Ascend would stay switched
+    code = ("import sys\nfrom ms_atb import LLM\ntry:\n    LLM(sys.argv[1], device='npu')\n"
+            "except ValueError as e:\n    print('ValueError:', e)\nelse:\n    print('built')\n")
+    run = subprocess.run([sys.executable, "-c", code, TINY], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if run.stdout.strip().endswith("built"):
+        pytest.skip("this MindSpore runs on Ascend")
+    assert "ValueError: context.device 'npu': this MindSpore" in run.stdout and "'cpu' works" in run.stdout
 
 
 def test_failure_mid_batch_keeps_finished_results_and_engine_usable(llm, monkeypatch):
@@ -371,3 +426,16 @@ def test_reset_scheduler_limits(llm):
         llm.reset_scheduler(num_blocks=10_000)
     with pytest.raises(ValueError, match="reset_scheduler"):
         llm.reset_scheduler(block_size=32)
+
+
+def test_reset_scheduler_rejection_changes_nothing(llm):
+    blocks, kv, scheduler = llm.num_blocks, llm.config.kv_cache, llm.scheduler
+    before = (kv.allocation, kv.enable_prefix_caching)
+    with pytest.raises(ValueError, match="allocation"):
+        llm.reset_scheduler(num_blocks=8, enable_prefix_caching=not kv.enable_prefix_caching, allocation="bogus")
+    with pytest.raises(ValueError, match="reset_scheduler"):
+        llm.reset_scheduler(num_blocks=8, max_model_len=1)
+    assert llm.num_blocks == blocks and (kv.allocation, kv.enable_prefix_caching) == before
+    assert llm.scheduler is scheduler and llm.scheduler.block_manager.num_blocks == blocks
+    llm.reset_scheduler(enable_prefix_caching=kv.enable_prefix_caching)     # the config it keeps is still valid
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == numpy_greedy([1, 2, 3], 12)

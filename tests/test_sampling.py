@@ -18,7 +18,7 @@ def test_defaults_and_normalisation():
 @pytest.mark.parametrize("field,value", [
     ("max_tokens", 0), ("max_tokens", -3), ("max_tokens", 2.0), ("max_tokens", True), ("max_tokens", "8"),
     ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", "1"),
-    ("top_k", 0), ("top_k", -2), ("top_k", 1.5),
+    ("top_k", -2), ("top_k", 1.5),
     ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", float("nan")),
     ("min_p", -0.1), ("min_p", 1.5), ("min_p", float("nan")), ("min_p", "0.1"),
     ("seed", 1.5), ("seed", "7"), ("seed", -1),
@@ -87,6 +87,21 @@ def test_top_k1_and_tiny_top_p_equal_greedy():
     assert greedy[3] == 7
     for p in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=2.0, top_p=1e-9)):
         assert Sampler().sample(logits, [p] * 16, _gens(range(16))) == greedy
+
+
+def test_extreme_temperatures_keep_masks_and_greedy():
+    logits = np.random.default_rng(2).standard_normal((4, 50)).astype(np.float32)
+    greedy = Sampler().sample(logits, [SamplingParams(temperature=0)] * 4, [None] * 4)
+    tiny = [SamplingParams(temperature=t, top_k=k) for t, k in ((5e-324, -1), (1e-46, 5), (1e-20, -1), (9e-6, 3))]
+    assert Sampler().sample(logits, tiny, _gens(range(4))) == greedy     # under 1e-5: greedy, no 0 divisor
+    for t in (1e39, 1e300):             # beyond float32: flat, but masked tokens stay out
+        for seed in range(20):
+            params = [SamplingParams(temperature=t, allowed_token_ids=[3, 4]),
+                      SamplingParams(temperature=t, top_k=2), SamplingParams(temperature=t, top_p=0.05),
+                      SamplingParams(temperature=t, logit_bias={i: -100.0 for i in range(1, 50)})]
+            out = Sampler().sample(logits, params, _gens(range(seed, seed + 4)))
+            top2 = set(np.argsort(-logits[1], kind="stable")[:2].tolist())
+            assert out[0] in (3, 4) and out[1] in top2 and 0 <= out[2] < 50, (t, seed, out)
 
 
 def test_matches_reference_exactly():
