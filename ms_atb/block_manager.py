@@ -22,6 +22,7 @@ Every call costs O(log n) in the number of blocks (amortised); nothing scans the
 """
 from __future__ import annotations
 
+import numbers
 import struct
 from collections import OrderedDict, deque
 from heapq import heappop, heappush
@@ -60,10 +61,10 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int = 16,
                  enable_prefix_caching: bool = False, allocation: str = "contiguous"):
-        if not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        num_blocks, block_size = int(num_blocks), int(block_size)
         if allocation not in _ALLOCATIONS:
             raise ValueError(f"allocation must be one of {_ALLOCATIONS}, got {allocation!r}")
         self._num_blocks = num_blocks
@@ -73,7 +74,9 @@ class BlockManager:
         self._ref_counts = [0] * num_blocks
         self._block_hash: list[bytes | None] = [None] * num_blocks
         self._block_tokens: list[tuple | None] = [None] * num_blocks
-        self._cached: dict[bytes, int] = {}               # hash -> block id
+        # hash -> the blocks holding that content, live ones first as far as free() can tell; one content
+        # may sit in several blocks (same outputs, or a prompt computed without a cache lookup)
+        self._cached: dict[bytes, dict[int, None]] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached free blocks, oldest first
         self._requests: dict[str, _Request] = {}
         self._num_clean = num_blocks
@@ -181,8 +184,8 @@ class BlockManager:
             chunk = req.token_ids[i * bs:(i + 1) * bs]
             h = hash_block(req.last_hash, chunk)
             block = req.block_ids[i]
-            if h not in self._cached and self._block_hash[block] is None:
-                self._cached[h] = block
+            if self._block_hash[block] is None:   # a copy of a cached content is registered too: it outlives evictions
+                self._cached.setdefault(h, {})[block] = None
                 self._block_hash[block] = h
                 self._block_tokens[block] = tuple(chunk)
             req.last_hash = h
@@ -199,8 +202,13 @@ class BlockManager:
             if self._ref_counts[b] == 0:
                 if self._contiguous:
                     self._owner[b] = None
-                if self._block_hash[b] is not None:
+                h = self._block_hash[b]
+                if h is not None:
                     self._lru[b] = None
+                    copies = self._cached[h]
+                    if len(copies) > 1:       # free copies go last: a hit takes a live copy when it can
+                        del copies[b]
+                        copies[b] = None
                 else:
                     clean.append(b)
         self._release_clean(clean)
@@ -236,8 +244,11 @@ class BlockManager:
         for i in range((len(token_ids) - 1) // bs):  # leave >= 1 token to compute
             chunk = token_ids[i * bs:(i + 1) * bs]
             parent = hash_block(parent, chunk)
-            block = self._cached.get(parent)
-            if block is None or self._block_tokens[block] != tuple(chunk):
+            copies = self._cached.get(parent)
+            if copies is None:
+                break
+            block = hits[-1] + 1 if hits and hits[-1] + 1 in copies else next(iter(copies))   # contiguous first
+            if self._block_tokens[block] != tuple(chunk):
                 break
             hits.append(block)
             hashes.append(parent)
@@ -246,7 +257,11 @@ class BlockManager:
     def _evict_for(self, num_new: int) -> None:
         for _ in range(num_new - self._num_clean):
             block, _ = self._lru.popitem(last=False)
-            del self._cached[self._block_hash[block]]
+            h = self._block_hash[block]
+            copies = self._cached[h]
+            del copies[block]
+            if not copies:
+                del self._cached[h]
             self._block_hash[block] = None
             self._block_tokens[block] = None
             self._counters["evictions"] += 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 import time
 
 
@@ -20,7 +21,10 @@ class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                  ignore_eos: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),
                  arrival_time: float | None = None):
-        assert len(prompt_token_ids) > 0 and max_tokens > 0
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"request {request_id!r}: the prompt is empty")
+        if not isinstance(max_tokens, numbers.Integral) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"request {request_id!r}: max_tokens must be an int >= 1, got {max_tokens!r}")
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)

@@ -1,5 +1,6 @@
 import sys
 
+import numpy as np
 import pytest
 
 from ms_atb.block_manager import BlockManager, NoFreeBlocksError
@@ -132,7 +133,7 @@ def test_allocate_without_cache_lookup_takes_no_hits_but_keeps_the_cache():
     assert bm.allocate("b", toks(0, 10), cache_lookup=False) == 0       # e.g. for prompt logprobs
     assert not set(bm.block_table("b")) & set(bm.block_table("a"))
     assert bm.stats()["prefix_cache_queries"] == queries
-    bm.commit("b", 10)                                                # same content: cached once, as a's
+    bm.commit("b", 10)                                  # same content: b's copy is cached too; a's comes first
     assert bm.allocate("c", toks(0, 10)) == 8 and bm.block_table("c")[:2] == bm.block_table("a")[:2]
 
 
@@ -211,16 +212,46 @@ def test_whole_prompt_hit_leaves_one_token():
     assert bm.allocate("c", toks(0, 9)) == 8
 
 
-def test_duplicate_content_is_cached_once():
+def test_duplicate_content_is_cached_in_every_copy():
     bm = BlockManager(16, 4, enable_prefix_caching=True)
     bm.allocate("a", toks(0, 5))
     bm.allocate("b", toks(0, 5))            # same content, neither committed yet
     bm.commit("a", 5)
     bm.commit("b", 5)
-    bm.free("b")                            # b's copy was not cached: goes back clean
-    assert bm.num_cached_free_blocks == 0
+    bm.free("b")                            # b's copy stays cached (evictable), as in vLLM
+    assert bm.num_cached_free_blocks == 1
     assert bm.allocate("c", toks(0, 5)) == 4
-    assert bm.block_table("c")[0] == bm.block_table("a")[0]
+    assert bm.block_table("c")[0] == bm.block_table("a")[0]      # the live copy, not the free one
+    assert bm.num_cached_free_blocks == 1
+
+
+def test_a_copy_keeps_its_content_when_the_other_copy_is_evicted():
+    bm = BlockManager(6, 2, enable_prefix_caching=True)
+    bm.allocate("a", [1, 2, 3])
+    bm.commit("a", 3)
+    assert bm.allocate("b", [1, 2, 3]) == 2                         # b shares a's first block
+    for rid in ("a", "b"):                                          # both grow the same (3, 4) block
+        bm.append_token(rid, 4)
+        bm.commit(rid, 4)
+    a1, b1 = bm.block_table("a")[1], bm.block_table("b")[1]
+    assert a1 != b1
+    bm.free("a")
+    bm.allocate("f", [9] * 6)               # takes the clean blocks, then evicts a's (3, 4) copy
+    bm.append_token("f", 9)
+    assert a1 in bm.block_table("f") and bm.stats()["evictions"] == 1
+    bm.free("f")
+    assert bm.allocate("c", [1, 2, 3, 4, 5]) == 4 and bm.block_table("c")[:2] == bm.block_table("b")[:2]
+    bm.free("c")
+    bm.free("b")                            # b's copy stays cached after b is gone
+    assert bm.allocate("d", [1, 2, 3, 4, 5]) == 4 and bm.block_table("d")[1] == b1
+
+
+def test_sizes_may_be_numpy_integers_but_not_bools():
+    bm = BlockManager(np.int64(8), np.int32(4))
+    assert (bm.num_blocks, bm.block_size) == (8, 4) and type(bm.num_blocks) is int
+    for bad in (True, 2.0, "8"):
+        with pytest.raises(ValueError, match="num_blocks must be an int >= 1"):
+            BlockManager(bad, 4)
 
 
 def test_contiguity_on_fragmented_pool():

@@ -105,8 +105,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert len(free) + len(holders) == NUM_BLOCKS         # nothing lost
         for b in range(NUM_BLOCKS):
             assert bm._ref_counts[b] == holders.get(b, 0)
-        for h, b in bm._cached.items():                       # cached tokens match their hash
-            assert bm._block_hash[b] == h
+        registered = [b for copies in bm._cached.values() for b in copies]
+        assert len(registered) == len(set(registered))       # one hash per block
+        assert set(registered) == {b for b in range(NUM_BLOCKS) if bm._block_hash[b] is not None}
+        for h, copies in bm._cached.items():                  # cached tokens match their hash
+            assert copies and all(bm._block_hash[b] == h for b in copies)
         for rid, toks in self.tokens.items():
             parent = None
             for i, b in enumerate(bm.block_table(rid)[: len(toks) // BS]):

@@ -158,6 +158,15 @@ def test_impossible_requests_rejected_when_added():
     assert not sched.has_unfinished()
 
 
+@pytest.mark.parametrize("prompt, max_tokens, match", [
+    ([], 4, "the prompt is empty"), ([1], 0, "max_tokens must be an int >= 1"),
+    ([1], None, "max_tokens must be an int >= 1"), ([1], 2.0, "max_tokens must be an int >= 1"),
+])
+def test_bad_sequences_are_value_errors(prompt, max_tokens, match):
+    with pytest.raises(ValueError, match=match):
+        Sequence("a", prompt, max_tokens)
+
+
 def test_stop_conditions():
     sched = Scheduler(num_blocks=16, block_size=16, max_model_len=128)
     seq = Sequence("a", [1, 2, 3], max_tokens=10, stop_token_ids={7})
