@@ -84,7 +84,22 @@ class GGUFFile:
         data_start = -(-self._pos // align) * align
         self.tensors = {}
         for name, dims, qtype, offset in infos:
-            self.tensors[name] = (tuple(reversed(dims)), qtype, data_start + offset)  # numpy order
+            shape, start = tuple(reversed(dims)), data_start + offset                # numpy order
+            end = start + self._nbytes(name, shape, qtype)
+            if end > len(self._mm):
+                raise ValueError(f"tensor {name} ends at byte {end}, past the end of the file "
+                                 f"({len(self._mm)} bytes): the file is truncated")
+            self.tensors[name] = (shape, qtype, start)
+
+    @staticmethod
+    def _nbytes(name: str, shape: tuple, qtype: int) -> int:
+        import gguf
+        try:
+            block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+        except (ValueError, KeyError):
+            raise ValueError(f"tensor {name} has type {qtype}, which no GGML type has") from None
+        rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+        return rows * (shape[-1] // block * nbytes if shape else nbytes)
 
     def _read(self, fmt: str):
         v = struct.unpack_from(fmt, self._buf, self._pos)[0]

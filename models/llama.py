@@ -37,8 +37,17 @@ class LlamaConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"LlamaConfig.{name} must be a finite number > 0, got {value!r}")
+        for name in ("tie_word_embeddings", "rope_interleaved"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"LlamaConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"LlamaConfig.rope_scaling must be null or a mapping, got {self.rope_scaling!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
                              f"num_key_value_heads {self.num_key_value_heads}")
@@ -53,6 +62,9 @@ class LlamaConfig:
     def from_hf_dict(cls, d: dict) -> "LlamaConfig":
         """From an HF config.json dict; unknown keys are kept in `extra`."""
         names = {f.name for f in fields(cls)} - {"extra"}
+        for key in ("hidden_size", "num_attention_heads"):     # head_dim may be derived from them
+            if not isinstance(d[key], int) or isinstance(d[key], bool) or d[key] < 1:
+                raise ValueError(f"LlamaConfig.{key} must be a positive int, got {d[key]!r}")
         kwargs = {k: d[k] for k in names if k in d}
         kwargs.setdefault("num_key_value_heads", d["num_attention_heads"])
         if kwargs.get("head_dim") is None:

@@ -123,15 +123,21 @@ def _read_json(path: str, what: str) -> dict:
         raise ValueError(f"{path} is missing: {what} needs it")
     with open(path, encoding="utf-8") as f:
         try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
+            data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _hf_config(d: dict) -> LlamaConfig:
     model_type = d.get("model_type", "llama")
     if model_type not in ("llama", "mistral"):
         raise ValueError(f"config.json model_type {model_type!r} is not supported (llama only)")
+    act = d.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"config.json hidden_act {act!r} is not supported (Llama's SwiGLU: silu)")
     for key in ("attention_bias", "mlp_bias"):
         if d.get(key):
             raise ValueError(f"config.json {key}=true is not supported (Llama without biases only)")
@@ -147,6 +153,8 @@ def _hf_config(d: dict) -> LlamaConfig:
                            "num_attention_heads") if k not in d]
     if missing:
         raise ValueError(f"config.json lacks {missing}")
+    if d.get("rope_scaling") is not None and not isinstance(d["rope_scaling"], dict):
+        raise ValueError(f"config.json rope_scaling must be null or an object, got {d['rope_scaling']!r}")
     if d.get("rope_scaling") and d["rope_scaling"].get("rope_type",
                                                        d["rope_scaling"].get("type")) == "default":
         d["rope_scaling"] = None
@@ -254,7 +262,6 @@ def load_model(path, num_blocks: int, block_size: int, dtype=np.float32, device:
 
 def _safetensors_index(folder: str) -> dict:
     """{hf_name: (file, stored_name, shape)} from the index file, or from every *.safetensors."""
-    from safetensors import safe_open
     index_path = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index_path):
         weight_map = _read_json(index_path, "a sharded checkpoint").get("weight_map")
@@ -269,7 +276,7 @@ def _safetensors_index(folder: str) -> dict:
         fpath = os.path.join(folder, fname)
         if not os.path.isfile(fpath):
             raise ValueError(f"{index_path} names {fname}, which is missing")
-        with safe_open(fpath, framework="np") as f:
+        with _open_safetensors(fpath) as f:
             for stored in f.keys():
                 if weight_map is not None and weight_map.get(stored) != fname:
                     continue
@@ -287,15 +294,28 @@ def _safetensors_index(folder: str) -> dict:
     return index
 
 
-def _iter_safetensors(index: dict, names, slices: dict):
+def _open_safetensors(fpath: str):
     from safetensors import safe_open
+    try:
+        return safe_open(fpath, framework="np")
+    except Exception as e:          # safetensors' own SafetensorError: a torn or foreign file
+        raise ValueError(f"{fpath}: not a readable safetensors file ({e})") from None
+
+
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _iter_safetensors(index: dict, names, slices: dict):
     handles = {}
     try:
         for name in names:
             fpath, stored, _ = index[name]
             if fpath not in handles:
-                handles[fpath] = safe_open(fpath, framework="np").__enter__()
+                handles[fpath] = _open_safetensors(fpath).__enter__()
             part = handles[fpath].get_slice(stored)
+            if part.get_dtype() not in _FLOAT_DTYPES:
+                raise ValueError(f"{fpath}: tensor {stored} is {part.get_dtype()}; weights must be one of "
+                                 f"{list(_FLOAT_DTYPES)} (quantised checkpoints are not supported)")
             if part.get_dtype() == "BF16":
                 w = _bf16_slice(fpath, stored, slices[name])
             else:

@@ -59,7 +59,14 @@ class LLM:
                       f"block of {kv.block_size} tokens = {self.num_blocks} blocks")
         else:
             self.num_blocks = kv.num_blocks
+        need, free = self.num_blocks * self.kv_bytes_per_block, _available_memory()
+        if cfg.context.device == "cpu" and free is not None and need > free:
+            raise ValueError(f"the KV cache ({self.num_blocks} blocks, {need / 2**30:.1f} GiB) does not fit in the "
+                             f"{free / 2**30:.1f} GiB of memory available; lower kv_cache.num_blocks or "
+                             f"kv_cache.memory_budget")
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        if self.tokenizer is not None:      # a model may pad its vocabulary past the tokenizer's
+            self.tokenizer.pad_to(self.model_config.vocab_size)
         t0 = time.perf_counter()
         sc = cfg.scheduler
         self.runner = ModelRunner(cfg.model.path, cfg.model.dtype, self.num_blocks, kv.block_size,
@@ -106,8 +113,14 @@ class LLM:
                       ) -> Iterator[tuple[int, RequestOutput]]:
         """Runs validated requests; yields (index, output) as each finishes. If the run fails
         or the caller stops early, the unfinished requests are dropped and the engine stays
-        usable."""
+        usable. For prompts and SamplingParams, use generate()."""
         from ms_atb.engine_loop import EngineLoop
+        if not isinstance(requests, (list, tuple)):
+            raise ValueError(f"generate_iter() takes a list of requests, got {type(requests).__name__}")
+        bad = next((r for r in requests if not isinstance(r, Request)), None)
+        if bad is not None:
+            raise ValueError(f"generate_iter() runs a list of requests made by LLM.make_request(), got "
+                             f"{type(bad).__name__}; generate() takes prompts")
         loop = EngineLoop(self, requests)
         try:
             yield from loop.run(use_tqdm=use_tqdm and self.rank == 0)
@@ -122,11 +135,13 @@ class LLM:
 
     @property
     def stop_token_ids(self) -> set[int]:
-        """The tokens that end a request unless ignore_eos: the tokenizer's (EOS, end of turn), else the model's EOS."""
-        if self.tokenizer is not None:
-            return set(self.tokenizer.stop_token_ids)
-        eos = self.model_config.eos_token_id
-        return set() if eos is None else {eos}
+        """The tokens that end a request unless ignore_eos: the tokenizer's (EOS, end of turn), and the model's
+        EOS ids (config.json) when the tokenizer names no EOS."""
+        ids = set() if self.tokenizer is None else set(self.tokenizer.stop_token_ids)
+        if self.tokenizer is None or self.tokenizer.eos_token_id is None:
+            eos = self.model_config.eos_token_id
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        return ids
 
     def chat(self, conversations, sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
@@ -326,6 +341,18 @@ class LLM:
     def _log(self, message: str) -> None:
         if self.rank == 0 and os.environ.get("MS_ATB_QUIET") != "1":
             print(f"[ms_atb] {message}", flush=True)
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the kernel could give this process now (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _is_int(x) -> bool:

@@ -58,6 +58,14 @@ class Tokenizer:
                     ids.add(i)
         return ids
 
+    def pad_to(self, vocab_size: int) -> None:
+        """Ids from the tokenizer's vocabulary size up to vocab_size (a model's padded embedding rows) become
+        special tokens of no text, so that a model sampling one never breaks decoding."""
+        n = len(self._token_bytes)
+        if vocab_size > n:
+            self._token_bytes = self._token_bytes + [b""] * (vocab_size - n)
+            self._special_ids = self._special_ids | frozenset(range(n, vocab_size))
+
     def token_to_id(self, token: str) -> int | None:
         return self._token_to_id(token)
 
@@ -104,9 +112,16 @@ class Tokenizer:
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
             raise ValueError("a conversation must be a non-empty list of {'role': str, 'content': str} dicts")
-        return self._compiled_template.render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        if not isinstance(add_generation_prompt, bool):
+            raise ValueError(f"add_generation_prompt must be a bool, got {add_generation_prompt!r}")
+        template = self._compiled_template
+        try:
+            return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except ValueError:                  # raise_exception() in the template: already says what is wrong
+            raise
+        except Exception as e:              # jinja2's UndefinedError, or the template's own arithmetic
+            raise ValueError(f"the chat template failed on this conversation ({type(e).__name__}: {e})") from None
 
     @cached_property
     def _compiled_template(self):
@@ -120,6 +135,8 @@ class Tokenizer:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise ValueError(f"the chat template must be a string, got {type(self.chat_template).__name__}")
         try:
             return env.from_string(self.chat_template or _FALLBACK_TEMPLATE)
         except TemplateError as e:
@@ -184,7 +201,12 @@ def _read_hf_config(path: str) -> dict:
     cfg_path = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_path):
         with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
+            try:
+                cfg = json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"{cfg_path}: invalid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{cfg_path}: the top level must be a JSON object, got {type(cfg).__name__}")
     template = cfg.get("chat_template")
     if isinstance(template, list):       # named templates: take the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -221,9 +243,12 @@ def _decoder_kinds(decoder: dict | None) -> set[str]:
 def _load_tokenizer_json(path: str, cfg: dict) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
     file = os.path.join(path, "tokenizer.json")
-    backend = HFTokenizer.from_file(file)
-    with open(file, encoding="utf-8") as f:
-        kinds = _decoder_kinds(json.load(f).get("decoder"))
+    try:
+        backend = HFTokenizer.from_file(file)
+        with open(file, encoding="utf-8") as f:
+            kinds = _decoder_kinds(json.load(f).get("decoder"))
+    except Exception as e:          # the tokenizers package raises a bare Exception for a bad file
+        raise ValueError(f"{file}: not a readable tokenizer.json ({e})") from None
     n = backend.get_vocab_size(with_added_tokens=True)
     pieces = [backend.id_to_token(i) or "" for i in range(n)]
     added = backend.get_added_tokens_decoder()               # {id: AddedToken}

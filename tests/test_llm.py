@@ -375,6 +375,47 @@ def test_a_device_this_mindspore_cannot_use_is_a_value_error():
     assert "ValueError: context.device 'npu': this MindSpore" in run.stdout and "'cpu' works" in run.stdout
 
 
+def test_a_kv_cache_larger_than_memory_is_refused_before_the_build():
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("no /proc/meminfo here")
+    with pytest.raises(ValueError, match=r"the KV cache \(100000000 blocks, [\d.]+ GiB\) does not fit in the "
+                                         r"[\d.]+ GiB of memory available; lower kv_cache.num_blocks"):
+        LLM(TINY, num_blocks=100_000_000)
+
+
+def test_generate_iter_takes_requests_not_prompts(llm):
+    for bad in (["hi"], [[1, 2]], "hi"):
+        with pytest.raises(ValueError, match="generate_iter"):
+            list(llm.generate_iter(bad, use_tqdm=False))
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == numpy_greedy([1, 2, 3], 12)
+
+
+def test_padded_vocabulary_and_the_models_eos_when_the_tokenizer_has_none(tmp_path):
+    # A common hub layout: embedding rows past the tokenizer's vocabulary, and the EOS id only in config.json.
+    import dataclasses
+    import json
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from ms_atb.models.loader import iter_weights, load_config
+    config = load_config("random:tiny-llama?seed=0")               # vocab 512
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "extra"}
+    (tmp_path / "config.json").write_text(json.dumps(dict(fields, model_type="llama", eos_token_id=2)))
+    save_file(dict(iter_weights("random:tiny-llama?seed=0", config)), str(tmp_path / "model.safetensors"))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(["hello world, the quick brown fox"] * 20, trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))                      # ~270 tokens, no EOS named
+    llm = LLM(str(tmp_path), num_blocks=32, max_model_len=128, max_num_batched_tokens=32, max_num_seqs=4)
+    assert llm.tokenizer.eos_token_id is None and llm.stop_token_ids == {2}
+    out = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0.0, logit_bias={2: 100.0}),
+                       use_tqdm=False)[0]
+    assert out.token_ids == [2] and out.finish_reason == "stop"
+    padded = llm.generate(["hello"], SamplingParams(max_tokens=3, temperature=0.0, logit_bias={450: 100.0}),
+                          use_tqdm=False)[0]
+    assert padded.token_ids == [450] * 3 and padded.text == "" and padded.finish_reason == "length"
+
+
 def test_failure_mid_batch_keeps_finished_results_and_engine_usable(llm, monkeypatch):
     prompts = prompts_with_shared_prefix(5, seed=2)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (2, 30, 30, 30, 30)]

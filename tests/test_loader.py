@@ -395,3 +395,58 @@ def test_safetensors_with_mindformers_names(tmp_path):
     _write_hf(tmp_path, {_mf_name(n): a for n, a in w.items()}, dict(HF_CONFIG, intermediate_size=128))
     got = dict(iter_weights(str(tmp_path), c))
     assert list(got) == list(w) and all(np.array_equal(got[n], w[n]) for n in w)
+
+
+def test_hf_non_float_and_torn_safetensors_are_value_errors(tmp_path):
+    c = _config()
+    w = _weights(c)
+    _write_hf(tmp_path / "a", dict(w, **{"model.layers.0.mlp.up_proj.weight":
+                                         w["model.layers.0.mlp.up_proj.weight"].astype(np.int8)}))
+    with pytest.raises(ValueError, match=r"model.safetensors: tensor model.layers.0.mlp.up_proj.weight is I8; "
+                                         r"weights must be one of \['F32', 'F16', 'BF16', 'F64'\]"):
+        list(iter_weights(str(tmp_path / "a"), c))
+    _write_hf(tmp_path / "b", w)
+    data = (tmp_path / "b" / "model.safetensors").read_bytes()
+    for torn in (data[:len(data) // 2], b"", b"\x08\x00\x00\x00\x00\x00\x00\x00{}"):
+        (tmp_path / "b" / "model.safetensors").write_bytes(torn)
+        with pytest.raises(ValueError, match=r"model.safetensors: not a readable safetensors file"):
+            list(iter_weights(str(tmp_path / "b"), c))
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings must be true or false"),
+    (dict(rms_norm_eps="abc"), "rms_norm_eps must be a finite number > 0"),
+    (dict(rope_theta=-1), "rope_theta must be a finite number > 0"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+    (dict(num_attention_heads=0), "num_attention_heads must be a positive int"),
+    (dict(num_attention_heads="4"), "num_attention_heads must be a positive int"),
+    (dict(rope_scaling="linear"), "rope_scaling must be null or an object"),
+])
+def test_bad_config_json_values_name_the_key(tmp_path, change, match):
+    _write_hf(tmp_path, {}, dict(HF_CONFIG, **change))
+    with pytest.raises(ValueError, match=match):
+        load_config(str(tmp_path))
+
+
+def test_config_and_index_json_must_be_objects(tmp_path):
+    _write_hf(tmp_path, _weights(_config()), shards=2)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"config.json: the top level must be a JSON object, got list"):
+        load_config(str(tmp_path))
+    (tmp_path / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"index.json: the top level must be a JSON object"):
+        list(iter_weights(str(tmp_path), _config()))
+
+
+def test_truncated_gguf_and_unknown_tensor_type(tmp_path):
+    c = _config()
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _weights(c), c)
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:int(len(data) * 0.9)])
+    with pytest.raises(ValueError, match=r"cut.gguf: not a readable GGUF file \(tensor .* ends at byte \d+, past "
+                                         r"the end of the file \(\d+ bytes\): the file is truncated\)"):
+        load_config(str(tmp_path / "cut.gguf"))
+    from ms_atb.models.gguf_reader import GGUFFile
+    with pytest.raises(ValueError, match=r"tensor x has type 999, which no GGML type has"):
+        GGUFFile._nbytes("x", (4, 4), 999)

@@ -252,6 +252,52 @@ def test_chat_template_helpers_and_errors(json_dir):
         tok.apply_chat_template([{"role": "user"}])
 
 
+@pytest.mark.parametrize("template, match", [
+    ("{{ messages[3].content }}", r"the chat template failed on this conversation \(UndefinedError"),
+    ("{{ 1 / 0 }}", r"the chat template failed on this conversation \(ZeroDivisionError"),
+    (5, "the chat template must be a string, got int"),
+])
+def test_chat_template_render_errors_are_value_errors(json_dir, template, match):
+    tok = load_tokenizer(str(json_dir))
+    tok.chat_template = template
+    with pytest.raises(ValueError, match=match):
+        tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_add_generation_prompt_must_be_a_bool(json_dir):
+    with pytest.raises(ValueError, match="add_generation_prompt must be a bool, got 'no'"):
+        load_tokenizer(str(json_dir)).apply_chat_template([{"role": "user", "content": "x"}], "no")
+
+
+def test_broken_tokenizer_files_name_the_file(tmp_path, bpe_backend):
+    (tmp_path / "tokenizer.json").write_text('{"bad')
+    with pytest.raises(ValueError, match=r"tokenizer.json: not a readable tokenizer.json"):
+        load_tokenizer(str(tmp_path))
+    bpe_backend.save(str(tmp_path / "tokenizer.json"))
+    for text, match in (("{bad", "tokenizer_config.json: invalid JSON"),
+                        ("[]", "tokenizer_config.json: the top level must be a JSON object, got list")):
+        (tmp_path / "tokenizer_config.json").write_text(text)
+        with pytest.raises(ValueError, match=match):
+            load_tokenizer(str(tmp_path))
+
+
+def test_ids_past_the_vocabulary_of_a_padded_model_decode_to_nothing(json_dir):
+    tok = load_tokenizer(str(json_dir))
+    n = tok.vocab_size
+    tok.pad_to(n - 5)                       # never shrinks
+    assert tok.vocab_size == n
+    tok.pad_to(n + 8)
+    assert tok.vocab_size == n + 8 and tok.is_special(n + 3) and not tok.is_special(n - 1)
+    assert tok.decode([n + 3]) == "" and tok.decode([n + 3], skip_special_tokens=False) == ""
+    detok = IncrementalDetokenizer(tok)
+    hello = tok.encode("hello")
+    assert detok.add(n + 5) == ""
+    for t in hello:
+        detok.add(t)
+    assert detok.text == tok.decode(hello) == "hello"
+    assert max(i for ids in tok.ids_by_bytes.values() for i in ids) < n      # guided choice never spells with them
+
+
 def test_byte_tokenizer():
     tok = ByteTokenizer(512)
     assert (tok.eos_token_id, tok.bos_token_id, tok.vocab_size, tok.stop_token_ids) == (511, None, 512, {511})
