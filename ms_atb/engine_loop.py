@@ -189,9 +189,12 @@ class EngineLoop:
 
     @staticmethod
     def _cut_at_stop(t: _Tracked, new_len: int) -> bool:
-        """Cuts t.text at the first stop string that its last new_len characters complete; True if one did."""
+        """Cuts t.text at the first stop string that its last new_len characters complete; True if one did.
+        Before min_tokens, stop strings are ignored, as in vLLM."""
         stops = t.request.params.stop
-        at = find_stop(t.text, stops, new_len) if stops else -1
+        if not stops or t.seq.num_output_tokens < t.request.params.min_tokens:
+            return False
+        at = find_stop(t.text, stops, new_len)
         if at < 0:
             return False
         t.stop_reason = next(x for x in stops if t.text.startswith(x, at))

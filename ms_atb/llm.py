@@ -86,6 +86,7 @@ class LLM:
         self.sampler = spmd_sampler(Sampler(), tp)
         self._next_id = 0
         self._run_stats: dict = {}
+        self._iterating = False                  # a generate_iter() is open
         self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
 
     # ---- public API -----------------------------------------------------------------------
@@ -121,12 +122,19 @@ class LLM:
         if bad is not None:
             raise ValueError(f"generate_iter() runs a list of requests made by LLM.make_request(), got "
                              f"{type(bad).__name__}; generate() takes prompts")
-        loop = EngineLoop(self, requests)
+        if self._iterating:     # one scheduler: a nested run would take the open run's requests as its own
+            raise ValueError("this engine is already running a generate_iter(); finish or close it before "
+                             "calling generate(), chat(), beam_search() or generate_iter() again")
+        self._iterating = True
         try:
-            yield from loop.run(use_tqdm=use_tqdm and self.rank == 0)
+            loop = EngineLoop(self, requests)
+            try:
+                yield from loop.run(use_tqdm=use_tqdm and self.rank == 0)
+            finally:
+                loop.abort_unfinished()
+                self._run_stats = loop.stats()
         finally:
-            loop.abort_unfinished()
-            self._run_stats = loop.stats()
+            self._iterating = False
 
     def beam_search(self, prompts, params, use_tqdm: bool = True):
         """Beam search (ms_atb.beam_search.BeamSearchParams); one BeamSearchOutput per prompt, in order."""
@@ -167,7 +175,9 @@ class LLM:
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt)
 
     def stats(self) -> dict:
-        """Flat statistics of the engine and of the last generate() run."""
+        """Flat statistics. Run figures (tokens_per_s, num_output_tokens, elapsed_s, kv_cache_usage and its
+        peak) are the last run's; the cache and scheduling counters add up since the KV cache was last
+        emptied (build, reset_scheduler(), or a run that failed inside a step)."""
         s = self.scheduler.stats()
         queries = s.get("prefix_cache_queries", 0)
         out = {

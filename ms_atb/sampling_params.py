@@ -17,6 +17,15 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _encodable(text: str) -> bool:
+    """False for strings UTF-8 cannot encode (lone surrogates such as '\\ud800')."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _token_bias(bias) -> dict[int, float]:
     """{token id: bias}; keys may be digit strings (JSON objects), biases in [-100, 100]."""
     error = f"logit_bias must map token ids (ints >= 0) to numbers in [-100, 100], got {bias!r}"
@@ -88,8 +97,10 @@ class SamplingParams:
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
-            if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
-                raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+            if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s and _encodable(s)
+                                                                for s in stops):
+                raise ValueError(f"stop must be a non-empty string or a list of non-empty strings (valid "
+                                 f"Unicode), got {self.stop!r}")
             self.stop = list(stops)
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
@@ -117,8 +128,9 @@ class SamplingParams:
             words = getattr(self, name)
             if words is not None:
                 if not isinstance(words, (list, tuple)) or not words or not all(
-                        isinstance(w, str) and w.strip() for w in words):
-                    raise ValueError(f"{name} must be a non-empty list of strings that are not blank, got {words!r}")
+                        isinstance(w, str) and w.strip() and _encodable(w) for w in words):
+                    raise ValueError(f"{name} must be a non-empty list of strings that are not blank (valid "
+                                     f"Unicode), got {words!r}")
                 setattr(self, name, list(dict.fromkeys(words)))
         if self.guided_choice is not None:
             clash = [name for name, on in (("ignore_eos=True", self.ignore_eos), ("min_tokens > 0", self.min_tokens),

@@ -264,6 +264,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4000, help="steps of the churn mix (other mixes: half)")
     ap.add_argument("--peer-only", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps < 4:
+        ap.error(f"--steps must be >= 4 (the other mixes run half as many), got {args.steps}")
     if args.peer_only:
         print(json.dumps(run_peer_here(args.peer_only, args.steps)))
         return

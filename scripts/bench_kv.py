@@ -148,6 +148,18 @@ def main() -> None:
     ap.add_argument("--kernel-repeat", type=int, default=20)
     ap.add_argument("--json", default=os.path.join(ROOT, "out", "bench_kv.json"))
     args = ap.parse_args()
+    for name in ("num_blocks", "max_num_seqs", "max_num_batched_tokens", "requests", "ttft_repeats", "kernel_repeat"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.ttft_requests < 2:
+        ap.error(f"--ttft-requests must be >= 2 (the first request, then the ones that reuse it), "
+                 f"got {args.ttft_requests}")
+    if args.system_len < 0:
+        ap.error(f"--system-len must be >= 0, got {args.system_len}")
+    for name in ("prompt", "user", "output"):
+        lo, hi = getattr(args, name)
+        if not 1 <= lo <= hi:
+            ap.error(f"--{name} LO HI needs 1 <= LO <= HI, got {lo} {hi}")
 
     from ms_atb import LLM
     load0 = os.getloadavg()[0]

@@ -10,6 +10,7 @@ beside the article's table (Atlas 800I A2, Llama2-7B fp16). Every constant is st
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -56,6 +57,24 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="static,paged,prefix")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    for name in ("requests", "user_len", "block_size", "static_slots", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.output_len is not None and args.output_len < 2:
+        p.error(f"--output-len must be >= 2, got {args.output_len}")
+    if args.ttft_requests < 2:
+        p.error(f"--ttft-requests must be >= 2 (the first request, then the ones that reuse it), "
+                f"got {args.ttft_requests}")
+    if args.prefix_len < 0:
+        p.error(f"--prefix-len must be >= 0, got {args.prefix_len}")
+    ranges = {"shared_fraction": (0.0, 1.0, True), "static_utilisation": (0.0, 1.0, False),
+              "efficiency": (0.0, 1.0, False), "kv_budget_gib": (0.0, math.inf, False),
+              "overhead_ms": (0.0, math.inf, True)}
+    for name, (lo, hi, lo_ok) in ranges.items():
+        value = getattr(args, name)
+        if value is not None and not ((lo <= value if lo_ok else lo < value) and value <= hi
+                                      and math.isfinite(value)):
+            p.error(f"--{name.replace('_', '-')} must be in {'[' if lo_ok else '('}{lo:g}, {hi:g}], got {value}")
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         p.error(f"--modes: each must be one of {sorted(MODES)}, got {args.modes!r}")
@@ -103,6 +122,9 @@ def main(argv=None) -> int:
         budget = args.static_slots * max_model_len * kv_tok
     bs = args.block_size
     num_blocks = int(budget // (bs * kv_tok))
+    if num_blocks < 1:
+        raise SystemExit(f"simulate.py: error: a KV budget of {budget / GiB:g} GiB holds no block of {bs} tokens "
+                         f"({bs * kv_tok} bytes)")
     output_len = args.output_len
     if output_len is None:
         output_len = (output_len_for_static_utilisation(static_util, max_model_len, args.prefix_len,

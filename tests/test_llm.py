@@ -375,6 +375,44 @@ def test_a_device_this_mindspore_cannot_use_is_a_value_error():
     assert "ValueError: context.device 'npu': this MindSpore" in run.stdout and "'cpu' works" in run.stdout
 
 
+def test_stop_strings_wait_for_min_tokens(llm):
+    prompt = [1, 2, 3, 4, 5]
+    tokens = llm.generate([prompt], GREEDY, use_tqdm=False)[0].token_ids
+    pieces = [llm.get_tokenizer().decode([t]) for t in tokens]
+    # a printable character that token k spells and no earlier token does
+    k = next(i for i in range(2, 8) if len(pieces[i]) == 1 and pieces[i].isprintable()
+             and pieces[i] not in "".join(pieces[:i]))
+    stop = dict(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[pieces[k]])
+    early = llm.generate([prompt], SamplingParams(**stop), use_tqdm=False)[0]
+    assert early.token_ids == tokens[:k + 1] and early.finish_reason == "stop"
+    late = llm.generate([prompt], SamplingParams(**stop, min_tokens=k + 3), use_tqdm=False)[0]
+    assert len(late.token_ids) >= k + 3 and late.token_ids == tokens[:len(late.token_ids)]
+
+
+def test_a_run_cannot_start_inside_an_open_generate_iter(llm):
+    requests = [llm.make_request([1, 2, 3], GREEDY, i) for i in range(3)]
+    outputs = {}
+    for index, out in llm.generate_iter(requests, use_tqdm=False):
+        outputs[index] = out.token_ids
+        with pytest.raises(ValueError, match="already running a generate_iter"):
+            llm.generate([[4, 5]], GREEDY, use_tqdm=False)
+    assert outputs == {i: numpy_greedy([1, 2, 3], 12) for i in range(3)}
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == numpy_greedy([1, 2, 3], 12)
+
+
+def test_stats_scopes_last_run_and_since_the_cache_was_emptied(llm):
+    four, three = (SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (4, 3))
+    llm.reset_scheduler(enable_prefix_caching=True)
+    llm.generate([[1, 2, 3], [7, 8, 9, 10]], four, use_tqdm=False)
+    first = llm.stats()
+    llm.generate([[1, 2, 3]], three, use_tqdm=False)
+    second = llm.stats()
+    assert (first["num_output_tokens"], second["num_output_tokens"]) == (8, 3)         # the last run
+    assert (first["prefix_cache_queries"], second["prefix_cache_queries"]) == (7, 10)  # added up
+    llm.reset_scheduler()
+    assert llm.stats()["prefix_cache_queries"] == 0 and llm.stats()["num_output_tokens"] == 3
+
+
 def test_a_kv_cache_larger_than_memory_is_refused_before_the_build():
     if not os.path.exists("/proc/meminfo"):
         pytest.skip("no /proc/meminfo here")

@@ -2,6 +2,9 @@
 import importlib.util
 import math
 import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -19,6 +22,7 @@ SLOW = Device("slow", peak_flops=1e3, mem_bandwidth=1e2, memory_bytes=1e9, effic
 # Small setting for the scheduler-driven tests: Llama2-7B on the Atlas card, 256-token contexts.
 SMALL = dict(num_blocks=8 * 16, block_size=16, max_model_len=256)   # 8 static slots
 ATLAS_7B = CostModel(LLAMA2_7B, ATLAS_800I_A2)
+SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
 
 
 def test_cost_model_hand_computed():
@@ -137,3 +141,28 @@ def test_script_prints_rows_and_70b(capsys):
     assert "40.0 GiB" in text and "fp32 KV with 8 KV heads (80 GiB)" in text
     assert math.isclose(float(text.split("KV budget from the article's static row: 1 requests x 4096 "
                                          "tokens x 0.5 MiB = ")[1].split()[0]), 2.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--block-size", "0"], "--block-size must be >= 1"),
+    (["--ttft-requests", "1"], "--ttft-requests must be >= 2"),
+    (["--kv-budget-gib", "nan"], r"--kv-budget-gib must be in \(0, inf\]"),
+    (["--shared-fraction", "1.5"], r"--shared-fraction must be in \[0, 1\]"),
+    (["--static-utilisation", "0"], r"--static-utilisation must be in \(0, 1\]"),
+    (["--overhead-ms", "-5"], r"--overhead-ms must be in \[0, inf\]"),
+    (["--requests", "0"], "--requests must be >= 1"),
+    (["--kv-budget-gib", "1e-9"], "holds no block of 16 tokens"),
+])
+def test_simulate_rejects_bad_arguments_with_a_message(args, message):
+    run = subprocess.run([sys.executable, str(SCRIPTS / "simulate.py"), *args], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0 and re.search(message, run.stderr) and "Traceback" not in run.stderr, run.stderr
+
+
+def test_benchmarks_reject_bad_arguments_before_any_work():
+    for script, bad, text in (("bench_block_manager.py", ["--steps", "1"], "--steps must be >= 4"),
+                              ("bench_kv.py", ["--prompt", "20", "10"], "--prompt LO HI needs 1 <= LO <= HI"),
+                              ("bench_kv.py", ["--ttft-requests", "1"], "--ttft-requests must be >= 2")):
+        run = subprocess.run([sys.executable, str(SCRIPTS / script), *bad], capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 2 and text in run.stderr, run.stderr

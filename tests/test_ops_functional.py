@@ -1,0 +1,88 @@
+"""ms_atb.ops.reshape_and_cache / paged_attention: DESIGN.md's functional signatures, checked arguments."""
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from ms_atb.ops import paged_attention, reshape_and_cache
+from ops_reference import paged_attention_ref, reshape_and_cache_ref
+
+NB, BS, H, KVH, D = 12, 4, 4, 2, 8
+
+
+def i32(x):
+    return Tensor(np.asarray(x, np.int32))
+
+
+def setup_caches(seed=0):
+    """Fills the caches through reshape_and_cache: sequence 0 holds 9 tokens in blocks [5, 2, 9], sequence 1
+    holds 6 tokens in blocks [0, 1]; two padding rows (slot -1) are skipped."""
+    rng = np.random.default_rng(seed)
+    slots = [5 * BS + i for i in range(4)] + [2 * BS + i for i in range(4)] + [9 * BS] + list(range(6)) + [-1, -1]
+    key = rng.standard_normal((len(slots), KVH, D)).astype(np.float32)
+    value = rng.standard_normal((len(slots), KVH, D)).astype(np.float32)
+    kc = Tensor(np.zeros((NB, BS, KVH, D), np.float32))
+    vc = Tensor(np.zeros((NB, BS, KVH, D), np.float32))
+    reshape_and_cache(Tensor(key), Tensor(value), kc, vc, i32(slots))
+    return kc, vc, reshape_and_cache_ref(key, value, np.zeros((NB, BS, KVH, D), np.float32),
+                                         np.zeros((NB, BS, KVH, D), np.float32), slots)
+
+
+def test_the_functional_forms_match_the_references():
+    kc, vc, (kc_ref, vc_ref) = setup_caches()
+    np.testing.assert_array_equal(kc.asnumpy(), kc_ref)
+    np.testing.assert_array_equal(vc.asnumpy(), vc_ref)
+    query = np.random.default_rng(1).standard_normal((4, H, D)).astype(np.float32)
+    # sequence 0 decodes its 9th token, sequence 1 computes its last 3 tokens, sequence 2 has no queries
+    args = ([[5, 2, 9], [0, 1, 0], [0, 0, 0]], [9, 6, 0], [0, 1, 4, 4])
+    out = paged_attention(Tensor(query), kc, vc, *(i32(a) for a in args), 0.3)
+    ref = paged_attention_ref(query, kc_ref, vc_ref, *(np.asarray(a) for a in args), 0.3)
+    np.testing.assert_allclose(out.asnumpy(), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(block_tables=[[5, 2, 12], [0, 1, 0], [0, 0, 0]]), "sequence 0: block_tables names block 12, outside"),
+    (dict(block_tables=[[5, 2, -1], [0, 1, 0], [0, 0, 0]]), "sequence 0: block_tables names block -1"),
+    (dict(context_lens=[9, 2, 0]), "sequence 1: context_lens 2 is shorter than its 3 queries"),
+    (dict(context_lens=[13, 6, 0]), "sequence 0: 13 tokens need 4 blocks, block_tables has 3"),
+    (dict(query_start_loc=[0, 3, 1, 4]), "query_start_loc must rise"),
+    (dict(query_start_loc=[0, 1, 4, 5]), r"query_start_loc must rise from >= 0 to at most T = 4"),
+    (dict(query_start_loc=[0, 1, 4]), r"query_start_loc must have shape \(4,\)"),
+    (dict(context_lens=np.array([9, 6, 0], np.int64)), "context_lens must be an int32 mindspore Tensor"),
+    (dict(scale=float("nan")), "scale must be a finite number"),
+    (dict(query=np.zeros((4, 3, D), np.float32)), "query's 3 heads must be a multiple of the caches' 2 KV heads"),
+    (dict(query=np.zeros((4, H, D), np.float16)), "the caches are Float32, the tokens Float16"),
+])
+def test_bad_attention_arguments_are_value_errors_and_leave_the_op_usable(change, match):
+    kc, vc, (kc_ref, vc_ref) = setup_caches()
+    query = np.random.default_rng(1).standard_normal((4, H, D)).astype(np.float32)
+    args = dict(query=query, block_tables=[[5, 2, 9], [0, 1, 0], [0, 0, 0]], context_lens=[9, 6, 0],
+                query_start_loc=[0, 1, 4, 4], scale=0.3)
+
+    def call(a):
+        return paged_attention(Tensor(a["query"]), kc, vc, *(Tensor(a[k]) if isinstance(a[k], np.ndarray)
+                                                             else i32(a[k]) for k in
+                                                             ("block_tables", "context_lens", "query_start_loc")),
+                               a["scale"])
+    with pytest.raises(ValueError, match=match):
+        call(dict(args, **change))
+    ref = paged_attention_ref(query, kc_ref, vc_ref, np.asarray(args["block_tables"]),
+                              np.asarray(args["context_lens"]), np.asarray(args["query_start_loc"]), 0.3)
+    np.testing.assert_allclose(call(args).asnumpy(), ref, atol=1e-5)
+
+
+def test_bad_cache_writes_are_value_errors_and_change_nothing():
+    kc, vc, (kc_ref, _) = setup_caches()
+    key = Tensor(np.ones((2, KVH, D), np.float32))
+    for slots, match in (([0, NB * BS], "slot_mapping holds 48, past the cache's 48 slots"),
+                         ([0], r"slot_mapping must have shape \(2,\)"),
+                         (np.array([0, 1], np.int64), "slot_mapping must be an int32 mindspore Tensor")):
+        with pytest.raises(ValueError, match=match):
+            reshape_and_cache(key, key, kc, vc, Tensor(slots) if isinstance(slots, np.ndarray) else i32(slots))
+    with pytest.raises(ValueError, match="value .* must match key"):
+        reshape_and_cache(key, Tensor(np.ones((2, KVH, D + 1), np.float32)), kc, vc, i32([0, 1]))
+    with pytest.raises(ValueError, match="the caches hold 2 KV heads of 8, the tokens 1 of 8"):
+        reshape_and_cache(Tensor(np.ones((2, 1, D), np.float32)), Tensor(np.ones((2, 1, D), np.float32)),
+                          kc, vc, i32([0, 1]))
+    np.testing.assert_array_equal(kc.asnumpy(), kc_ref)
+    reshape_and_cache(key, key, kc, vc, i32([3, -1]))
+    assert (kc.asnumpy()[0, 3] == 1).all() and (kc.asnumpy()[np.arange(NB) != 0] == kc_ref[np.arange(NB) != 0]).all()
