@@ -114,11 +114,12 @@ def load_config(path) -> LlamaConfig:
     if kind == "gguf":
         return LlamaConfig(**gguf_reader.config_dict(path))
     if kind == "hf":
-        return _hf_config(_read_json(os.path.join(path, "config.json"), "an HF model directory"))
+        return _hf_config(read_json_object(os.path.join(path, "config.json"), "an HF model directory"))
     return _ckpt_config(path)
 
 
-def _read_json(path: str, what: str) -> dict:
+def read_json_object(path: str, what: str) -> dict:
+    """The JSON object in path; ValueError naming the file if it is missing, not JSON, or not an object."""
     if not os.path.isfile(path):
         raise ValueError(f"{path} is missing: {what} needs it")
     with open(path, encoding="utf-8") as f:
@@ -167,7 +168,7 @@ def _ckpt_config(ckpt: str) -> LlamaConfig:
     if os.path.isfile(stem_yaml):
         return LlamaConfig(**mindformers_ckpt.yaml_config(stem_yaml))
     if os.path.isfile(os.path.join(folder, "config.json")):
-        return _hf_config(_read_json(os.path.join(folder, "config.json"), "a .ckpt model"))
+        return _hf_config(read_json_object(os.path.join(folder, "config.json"), "a .ckpt model"))
     yamls = sorted(glob.glob(os.path.join(folder, "*.yaml")) + glob.glob(os.path.join(folder, "*.yml")))
     if len(yamls) == 1:
         return LlamaConfig(**mindformers_ckpt.yaml_config(yamls[0]))
@@ -264,7 +265,7 @@ def _safetensors_index(folder: str) -> dict:
     """{hf_name: (file, stored_name, shape)} from the index file, or from every *.safetensors."""
     index_path = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index_path):
-        weight_map = _read_json(index_path, "a sharded checkpoint").get("weight_map")
+        weight_map = read_json_object(index_path, "a sharded checkpoint").get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index_path}: no 'weight_map' object")
         files = sorted(set(weight_map.values()))

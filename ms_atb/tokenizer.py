@@ -197,16 +197,9 @@ def _token_content(value) -> str | None:
 
 
 def _read_hf_config(path: str) -> dict:
-    cfg = {}
+    from ms_atb.models.loader import read_json_object
     cfg_path = os.path.join(path, "tokenizer_config.json")
-    if os.path.isfile(cfg_path):
-        with open(cfg_path, encoding="utf-8") as f:
-            try:
-                cfg = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"{cfg_path}: invalid JSON ({e})") from None
-        if not isinstance(cfg, dict):
-            raise ValueError(f"{cfg_path}: the top level must be a JSON object, got {type(cfg).__name__}")
+    cfg = read_json_object(cfg_path, "the tokenizer") if os.path.isfile(cfg_path) else {}
     template = cfg.get("chat_template")
     if isinstance(template, list):       # named templates: take the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}

@@ -25,6 +25,8 @@ import tempfile
 import time
 from collections import deque
 
+from script_args import require_at_least
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_PYTHON = os.path.join(ROOT, ".venv-mindformers", "bin", "python")
 
@@ -264,8 +266,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4000, help="steps of the churn mix (other mixes: half)")
     ap.add_argument("--peer-only", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.steps < 4:
-        ap.error(f"--steps must be >= 4 (the other mixes run half as many), got {args.steps}")
+    require_at_least(ap, args, 4, "steps", why=" (the other mixes run half as many)")
     if args.peer_only:
         print(json.dumps(run_peer_here(args.peer_only, args.steps)))
         return

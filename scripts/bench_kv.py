@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from script_args import require_at_least
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODES = {"static": dict(allocation="static", enable_prefix_caching=False),
          "paged": dict(allocation="contiguous", enable_prefix_caching=False),
@@ -148,14 +150,10 @@ def main() -> None:
     ap.add_argument("--kernel-repeat", type=int, default=20)
     ap.add_argument("--json", default=os.path.join(ROOT, "out", "bench_kv.json"))
     args = ap.parse_args()
-    for name in ("num_blocks", "max_num_seqs", "max_num_batched_tokens", "requests", "ttft_repeats", "kernel_repeat"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.ttft_requests < 2:
-        ap.error(f"--ttft-requests must be >= 2 (the first request, then the ones that reuse it), "
-                 f"got {args.ttft_requests}")
-    if args.system_len < 0:
-        ap.error(f"--system-len must be >= 0, got {args.system_len}")
+    require_at_least(ap, args, 1, "num_blocks", "max_num_seqs", "max_num_batched_tokens", "requests", "ttft_repeats",
+                     "kernel_repeat")
+    require_at_least(ap, args, 2, "ttft_requests", why=" (the first request, then the ones that reuse it)")
+    require_at_least(ap, args, 0, "system_len")
     for name in ("prompt", "user", "output"):
         lo, hi = getattr(args, name)
         if not 1 <= lo <= hi:

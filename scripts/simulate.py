@@ -19,6 +19,7 @@ from ms_atb.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, SMOLLM2_135
                                CostModel, Device, GiB, MiB, ModelShape)
 from ms_atb.simulator import (MODES, Workload, output_len_for_static_utilisation, simulate,
                               ttft_one_by_one)
+from script_args import require_at_least
 
 # The article's table: max concurrency, KV memory utilisation, TTFT (ms).
 ARTICLE = {"static": (12, 0.45, 65.0), "paged": (24, 0.88, 70.0), "prefix": (30, 0.92, 55.0)}
@@ -57,16 +58,11 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="static,paged,prefix")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for name in ("requests", "user_len", "block_size", "static_slots", "max_num_seqs", "max_num_batched_tokens"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.output_len is not None and args.output_len < 2:
-        p.error(f"--output-len must be >= 2, got {args.output_len}")
-    if args.ttft_requests < 2:
-        p.error(f"--ttft-requests must be >= 2 (the first request, then the ones that reuse it), "
-                f"got {args.ttft_requests}")
-    if args.prefix_len < 0:
-        p.error(f"--prefix-len must be >= 0, got {args.prefix_len}")
+    require_at_least(p, args, 1, "requests", "user_len", "block_size", "static_slots", "max_num_seqs",
+                     "max_num_batched_tokens")
+    require_at_least(p, args, 2, "output_len")
+    require_at_least(p, args, 2, "ttft_requests", why=" (the first request, then the ones that reuse it)")
+    require_at_least(p, args, 0, "prefix_len")
     ranges = {"shared_fraction": (0.0, 1.0, True), "static_utilisation": (0.0, 1.0, False),
               "efficiency": (0.0, 1.0, False), "kv_budget_gib": (0.0, math.inf, False),
               "overhead_ms": (0.0, math.inf, True)}

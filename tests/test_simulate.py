@@ -1,5 +1,4 @@
 """The capacity simulator: cost model arithmetic, KV sizes, and the scheduler-driven rows."""
-import importlib.util
 import math
 import pathlib
 import re
@@ -14,6 +13,7 @@ from ms_atb.scheduler import Scheduler
 from ms_atb.sequence import Sequence
 from ms_atb.simulator import (Workload, output_len_for_static_utilisation, simulate,
                               ttft_one_by_one)
+from scripts_import import load_script
 
 TINY = ModelShape("tiny", vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=2,
                   num_heads=2, num_kv_heads=1, head_dim=2, dtype_bytes=2)
@@ -129,10 +129,7 @@ def test_ttft_one_by_one_skips_cached_prefix():
 
 
 def test_script_prints_rows_and_70b(capsys):
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "simulate.py"
-    spec = importlib.util.spec_from_file_location("simulate_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("simulate")
     assert mod.main(["--requests", "24", "--prefix-len", "100", "--user-len", "16",
                      "--output-len", "32", "--static-slots", "1", "--ttft-requests", "2"]) == 0
     text = capsys.readouterr().out
