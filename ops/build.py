@@ -9,6 +9,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -63,9 +64,32 @@ def kernel_library() -> str:
     compiler = find_compiler()
     target = cache_dir() / f"ms_atb_kernels_{cache_key(compiler)}.so"
     if target.exists():
-        return str(target)
+        if is_complete_elf(target):
+            return str(target)
+        target.unlink()      # damaged on disk (a torn copy, a full disk): loading it would crash the process
     compile_library(target)
     return str(target)
+
+
+def is_complete_elf(path: Path) -> bool:
+    """True when path is an ELF file holding everything its header says it has (the section header
+    table sits at the end of the file, past every section). A cheap check that never loads the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return False
+    order = "<" if head[5] == 1 else ">"
+    if head[4] == 2:          # 64-bit
+        shoff, shentsize, shnum = struct.unpack_from(order + "Q", head, 0x28)[0], *struct.unpack_from(
+            order + "HH", head, 0x3A)
+    else:
+        shoff, shentsize, shnum = struct.unpack_from(order + "I", head, 0x20)[0], *struct.unpack_from(
+            order + "HH", head, 0x2E)
+    return 0 < shoff and shoff + shentsize * shnum <= size
 
 
 def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOURCES) -> None:
@@ -73,7 +97,11 @@ def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOUR
     extra_flags serve the tests, which build the AVX2 and portable paths on a CPU that has AVX-512."""
     compiler = find_compiler()
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"the kernel cache {str(target.parent)!r} (MS_ATB_KERNEL_CACHE) is not a usable "
+                         f"directory: {e.strerror}") from None
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     try:

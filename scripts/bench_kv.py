@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from script_args import require_at_least
+from script_args import require_at_least, writable_output
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODES = {"static": dict(allocation="static", enable_prefix_caching=False),
@@ -154,6 +154,7 @@ def main() -> None:
                      "kernel_repeat")
     require_at_least(ap, args, 2, "ttft_requests", why=" (the first request, then the ones that reuse it)")
     require_at_least(ap, args, 0, "system_len")
+    writable_output(ap, args.json, "--json")
     for name in ("prompt", "user", "output"):
         lo, hi = getattr(args, name)
         if not 1 <= lo <= hi:

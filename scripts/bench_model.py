@@ -20,6 +20,7 @@ import mindspore as ms
 import numpy as np
 
 from ms_atb.model_runner import ModelRunner
+from script_args import require_at_least
 
 
 
@@ -92,6 +93,9 @@ def main():
     ap.add_argument("--breakdown", action="store_true", help="also time variants without attention / matmuls")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers (needs .venv-bench)")
     args = ap.parse_args()
+    require_at_least(ap, args, 1, "ctx", "prompt", "repeats")
+    if min(args.batches) < 1:
+        ap.error(f"--batches must all be >= 1, got {args.batches}")
     path = "random:smollm2-shape" if args.random else smollm2_path()
     block_size, max_len = 16, max(args.ctx, args.prompt) + 16
     blocks_per_seq = (max_len + block_size - 1) // block_size

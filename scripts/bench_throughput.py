@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+from script_args import require_at_least, writable_output
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 # name: (requests, prompt range, output range), inclusive, uniform; seed 0
@@ -249,6 +251,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.gguf, args.threads)
+    require_at_least(ap, args, 1, "repeats", "threads")
+    writable_output(ap, args.json, "--json")
+    bad = next((kv for kv in args.set if "=" not in kv or not kv.split("=", 1)[0]), None)
+    if bad is not None:
+        ap.error(f"--set expects KEY=VALUE, got {bad!r}")
     gguf = args.gguf or gguf_path()
     load0 = os.getloadavg()[0]
     print(f"hardware: {hardware()}")

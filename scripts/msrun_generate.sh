@@ -33,9 +33,13 @@ while [[ $# -gt 0 ]]; do
     *) echo "msrun_generate.sh: unknown option $1 (ms-atb-generate arguments go after --)" >&2; usage 2 ;;
   esac
 done
-for v in TP NODES NODE_RANK MASTER_PORT; do
-  [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "msrun_generate.sh: $v must be a non-negative integer, got '${!v}'" >&2; exit 2; }
+for v in TP NODES NODE_RANK MASTER_PORT; do   # decimal only: bash and YAML read a leading 0 as octal
+  [[ "${!v}" =~ ^(0|[1-9][0-9]*)$ ]] || {
+    echo "msrun_generate.sh: $v must be a non-negative decimal integer without leading zeros, got '${!v}'" >&2; exit 2; }
 done
+if (( MASTER_PORT < 1 || MASTER_PORT > 65535 )); then
+  echo "msrun_generate.sh: --master-port must be in 1..65535, got $MASTER_PORT" >&2; exit 2
+fi
 if (( TP < 1 || NODES < 1 || TP % NODES != 0 )); then
   echo "msrun_generate.sh: --tp $TP must be >= 1 and a multiple of --nodes $NODES" >&2; exit 2
 fi

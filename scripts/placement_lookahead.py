@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from bench_block_manager import MIXES  # noqa: E402
 from placement_base import Session5Policy  # noqa: E402
+from script_args import require_at_least, seed_range  # noqa: E402
 
 from ms_atb.block_manager import NoFreeBlocksError, _Request  # noqa: E402
 from ms_atb.block_placement import SizeIndex  # noqa: E402
@@ -232,11 +233,13 @@ def main() -> None:
     ap.add_argument("--horizon", type=int, default=200, help="steps each rollout looks ahead")
     ap.add_argument("--samples", type=int, default=8, help="drawn futures per candidate (not for exact)")
     args = ap.parse_args()
-    lo, _, hi = args.seeds.partition("-")
+    seeds = seed_range(ap, args.seeds)
+    require_at_least(ap, args, 4, "steps")
+    require_at_least(ap, args, 1, "horizon", "samples")
     mix_name = next(name for name in MIXES if name.split()[0] == args.mix)
     print(f"{mix_name} workload, {args.steps} steps; lookahead: future {args.future}, horizon {args.horizon}"
           + ("" if args.future == "exact" else f", {args.samples} samples"))
-    for seed in range(int(lo), int(hi or lo) + 1):
+    for seed in seeds:
         kept = run(seed, args.steps, mix=MIXES[mix_name])
         t0 = time.perf_counter()
         plan = run(seed, args.steps, make_planner(args.future, args.horizon, args.samples), MIXES[mix_name])

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from bench_block_manager import MIXES, SHAPED_MIXES, OursAdapter, run_workload  # noqa: E402
 from placement_base import (Session5Policy, _fits, _growth_blocks, _GrowVariant, _max_growth,  # noqa: E402
                             _near_fits, _smallest_at_least)
+from script_args import require_at_least, seed_range  # noqa: E402
 from ms_atb.block_manager import BlockManager  # noqa: E402
 
 
@@ -385,11 +386,6 @@ def shaped_table(names: list[str], seeds: list[int], steps: int) -> None:
             print(line, flush=True)
 
 
-def _seeds(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0-5", help="seed range, e.g. 0-5 (default) or 3")
@@ -404,7 +400,8 @@ def main() -> None:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
-    seeds = _seeds(args.seeds)
+    seeds = seed_range(ap, args.seeds)
+    require_at_least(ap, args, 4, "steps", why=" (the other mixes run half as many)")
     if args.shaped_mixes:
         shaped_table(names if args.only else ["session 5-10 policy", "kept policy"], seeds, 3000)
         return

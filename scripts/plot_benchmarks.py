@@ -6,8 +6,13 @@
 import argparse
 import json
 import os
+import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError:
+    raise SystemExit("plot_benchmarks.py needs matplotlib, which lives in the bench venv: "
+                     "python -m venv .venv-bench && .venv-bench/bin/pip install -r requirements-bench.txt") from None
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -105,16 +110,26 @@ def main() -> None:
                     help="one or more results of bench_throughput.py (their workloads are merged)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "docs", "img"))
     args = ap.parse_args()
+    present = [p for p in [args.kv, *args.throughput] if os.path.exists(p)]
+    if not present:
+        ap.error(f"none of the inputs exists: {[args.kv, *args.throughput]} (run scripts/bench_kv.py and "
+                 f"scripts/bench_throughput.py first, or name their --json files)")
+    for path in [args.kv, *args.throughput]:
+        if path not in present:
+            print(f"skipped {path}: not found", file=sys.stderr)
     os.makedirs(args.out_dir, exist_ok=True)
     written: list[str] = []
-    if os.path.exists(args.kv):
+    if args.kv in present:
         with open(args.kv) as f:
             written += plot_kv(json.load(f), args.out_dir)
     merged = {"results": {}}
     for path in args.throughput:
-        if os.path.exists(path):
+        if path in present:
             with open(path) as f:
-                merged["results"].update(json.load(f)["results"])
+                data = json.load(f)
+            if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+                ap.error(f"{path} has no 'results' object: not a bench_throughput.py --json file")
+            merged["results"].update(data["results"])
     written += plot_throughput(merged, args.out_dir) if merged["results"] else []
     print("\n".join(written))
 

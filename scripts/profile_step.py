@@ -13,6 +13,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_model import make_step, smollm2_path  # noqa: E402
+from script_args import require_at_least  # noqa: E402
 
 from ms_atb.model_runner import ModelRunner  # noqa: E402
 
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=1, help="tokens computed per sequence (1: decode)")
     ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
+    require_at_least(ap, args, 1, "batch", "ctx", "steps")
     if not 1 <= args.new <= args.ctx:
         raise SystemExit("--new must lie in [1, --ctx]")
     bs = 16

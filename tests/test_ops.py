@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -227,6 +228,29 @@ def test_cache_key_covers_cpu_and_sources(monkeypatch):
     assert build.cache_key(compiler) != key
     monkeypatch.setattr(build, "FLAGS", build.FLAGS + ("-DX",))
     assert len({key, build.cache_key(compiler)}) == 2
+
+
+def test_a_damaged_cached_library_is_rebuilt_not_loaded(tmp_path, monkeypatch):
+    good = build.kernel_library()
+    assert build.is_complete_elf(Path(good))
+    data = Path(good).read_bytes()
+    monkeypatch.setenv("MS_ATB_KERNEL_CACHE", str(tmp_path))
+    target = tmp_path / f"ms_atb_kernels_{build.cache_key(build.find_compiler())}.so"
+    built = []
+    monkeypatch.setattr(build, "compile_library", lambda t: (built.append(t), Path(t).write_bytes(data)))
+    for damaged in (data[:1000], data[:-1], b"garbage", b""):    # torn copies load as SIGBUS or dlopen errors
+        target.write_bytes(damaged)
+        assert not build.is_complete_elf(target)
+        assert build.kernel_library.__wrapped__() == str(target) and built.pop() == target
+        assert target.read_bytes() == data
+    assert build.kernel_library.__wrapped__() == str(target) and not built       # a whole one is kept
+
+
+def test_an_unusable_kernel_cache_is_a_clear_error(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=r"the kernel cache .*afile/sub' \(MS_ATB_KERNEL_CACHE\) is not a usable "
+                                         r"directory"):
+        build.compile_library(tmp_path / "afile" / "sub" / "k.so")
 
 
 @pytest.mark.slow

@@ -1,0 +1,53 @@
+"""The benchmark scripts refuse bad arguments with an argparse error (exit 2) before any work."""
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from scripts_import import SCRIPTS, load_script
+
+CASES = [
+    ("bench_block_manager.py", ["--steps", "1"], "--steps must be >= 4"),
+    ("bench_kv.py", ["--prompt", "20", "10"], "--prompt LO HI needs 1 <= LO <= HI"),
+    ("bench_kv.py", ["--ttft-requests", "1"], "--ttft-requests must be >= 2"),
+    ("bench_throughput.py", ["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    ("bench_throughput.py", ["--set", "foo"], "--set expects KEY=VALUE, got 'foo'"),
+    ("placement_variants.py", ["--seeds", "3-1"], "--seeds takes a seed or a range LO-HI"),
+    ("placement_variants.py", ["--steps", "1"], "--steps must be >= 4"),
+    ("placement_lookahead.py", ["--seeds", "abc"], "--seeds takes a seed or a range LO-HI"),
+    ("placement_lookahead.py", ["--horizon", "-3"], "--horizon must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("script, args, message", CASES)
+def test_bad_arguments_exit_2_with_a_message(script, args, message):
+    run = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_an_output_that_cannot_be_written_is_refused_first(tmp_path):
+    (tmp_path / "afile").write_text("")
+    for script in ("bench_throughput.py", "bench_kv.py"):
+        run = subprocess.run([sys.executable, str(SCRIPTS / script), "--json", str(tmp_path / "afile" / "o.json")],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and "its folder cannot be made" in run.stderr, run.stderr
+
+
+def test_seed_ranges():
+    import argparse
+    args = load_script("script_args")
+    parser = argparse.ArgumentParser(prog="p")
+    assert args.seed_range(parser, "3") == [3] and args.seed_range(parser, "0-2") == [0, 1, 2]
+    for bad in ("abc", "3-1", "-2", "1-", "1-x", ""):
+        with pytest.raises(SystemExit):
+            args.seed_range(parser, bad)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_msrun_launcher_reads_sizes_as_decimal():
+    for args, message in ((["-n", "010"], "TP must be a non-negative decimal integer without leading zeros"),
+                          (["-n", "2", "--master-port", "99999"], "--master-port must be in 1..65535")):
+        run = subprocess.run(["bash", str(SCRIPTS / "msrun_generate.sh"), *args, "--", "--config", "x"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
