@@ -57,6 +57,25 @@ def cache_key(parts: dict) -> str:
     return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def sweep_dead_temps(root: Path) -> None:
+    """Removes the temporary folders of processes that died while saving (killed during warmup): no one
+    would ever rename or remove them. A folder is named <key>.tmp-<pid>; a live pid's folder stays."""
+    for tmp in root.glob("*.tmp-*"):
+        pid = tmp.name.rpartition(".tmp-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):   # another user's process, or not a pid this OS could have
+        return True
+    return True
+
+
 class GraphCache:
     """Wraps one engine's warmup: `with GraphCache(root, parts) as cache: compile every bucket`.
 
@@ -93,6 +112,7 @@ class GraphCache:
             except OSError as e:
                 raise ValueError(f"context.compile_cache {str(self.root)!r}: cannot create it "
                                  f"({e.strerror})") from None
+            sweep_dead_temps(self.root)
             self._tmp = target = self.root / f"{self.path.name}.tmp-{os.getpid()}"
             shutil.rmtree(target, ignore_errors=True)
             self.status = "saved"

@@ -12,6 +12,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -19,6 +20,7 @@ SOURCES = ("elementwise.cc", "matmul.cc", "paged_attention.cc", "reshape_and_cac
 HEADERS = ("attention_rows.h", "dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h", "thread_pool.h")
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-fno-trapping-math", "-pthread")
+STALE_BUILD_S = 3600   # a temporary library this old belongs to a build that died
 
 
 def cache_dir() -> Path:
@@ -102,6 +104,12 @@ def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOUR
     except OSError as e:
         raise ValueError(f"the kernel cache {str(target.parent)!r} (MS_ATB_KERNEL_CACHE) is not a usable "
                          f"directory: {e.strerror}") from None
+    for stale in target.parent.glob("*.tmp.so"):    # left by builds killed midway; a build takes minutes
+        try:
+            if time.time() - stale.stat().st_mtime > STALE_BUILD_S:
+                stale.unlink()
+        except OSError:
+            pass
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     try:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ms_atb.graph_cache import GraphCache, cache_key, files_identity
+from ms_atb.graph_cache import GraphCache, cache_key, files_identity, sweep_dead_temps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -79,3 +79,14 @@ def test_bad_cache_paths_are_value_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="context.compile_cache .*cannot create it"):
         with GraphCache(str(afile / "sub"), {}):
             pass
+
+
+def test_temporary_folders_of_dead_processes_are_swept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()                                               # its pid names no live process now
+    (tmp_path / f"k1.tmp-{dead.pid}").mkdir()
+    (tmp_path / f"k1.tmp-{dead.pid}" / "graph.mindir").write_text("half")
+    (tmp_path / f"k2.tmp-{os.getpid()}").mkdir()               # a save in progress: kept
+    (tmp_path / "k3").mkdir()                                  # a finished cache: kept
+    sweep_dead_temps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k2.tmp-" + str(os.getpid()), "k3"]

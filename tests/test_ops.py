@@ -246,6 +246,17 @@ def test_a_damaged_cached_library_is_rebuilt_not_loaded(tmp_path, monkeypatch):
     assert build.kernel_library.__wrapped__() == str(target) and not built       # a whole one is kept
 
 
+def test_temporary_libraries_of_dead_builds_are_swept(tmp_path, monkeypatch):
+    old, fresh = tmp_path / "ms_atb_kernels_x.a1.tmp.so", tmp_path / "ms_atb_kernels_x.b2.tmp.so"
+    for f in (old, fresh):
+        f.write_bytes(b"half a library")
+    os.utime(old, (os.path.getmtime(old) - build.STALE_BUILD_S - 60,) * 2)
+    monkeypatch.setattr(build, "find_compiler", lambda: "/bin/false")      # the build itself fails at once
+    with pytest.raises(RuntimeError, match="compiling the ms_atb kernels failed"):
+        build.compile_library(tmp_path / "ms_atb_kernels_x.so")
+    assert not old.exists() and fresh.exists() and sorted(os.listdir(tmp_path)) == [fresh.name]
+
+
 def test_an_unusable_kernel_cache_is_a_clear_error(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"the kernel cache .*afile/sub' \(MS_ATB_KERNEL_CACHE\) is not a usable "
