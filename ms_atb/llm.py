@@ -326,22 +326,21 @@ class LLM:
                 raise ValueError(f"{key} must be an integer in [1, {built[key]}] (the engine was built "
                                  f"for {built[key]}), got {value!r}")
         sections = config_keys()
-        old = {key: self.num_blocks if key == "num_blocks" else getattr(getattr(self.config, sections[key]), key)
-               for key in overrides}
-        try:
-            for key, value in overrides.items():
+
+        def put(values: dict) -> None:
+            for key, value in values.items():
                 if key == "num_blocks":
                     self.num_blocks = value
                 else:
                     self.config._set(sections[key], key, value)
+        old = {key: self.num_blocks if key == "num_blocks" else getattr(getattr(self.config, sections[key]), key)
+               for key in overrides}
+        try:
+            put(overrides)
             self.config.validate()
             scheduler = self.new_scheduler()
         except ValueError:
-            for key, value in old.items():
-                if key == "num_blocks":
-                    self.num_blocks = value
-                else:
-                    setattr(getattr(self.config, sections[key]), key, value)
+            put(old)
             raise
         self.scheduler = scheduler
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, minimum: int, *names: str,
@@ -23,7 +24,6 @@ def seed_range(parser: argparse.ArgumentParser, text: str, flag: str = "--seeds"
 
 def writable_output(parser: argparse.ArgumentParser, path: str, flag: str) -> None:
     """parser.error unless path can be written once the run is over (its folder exists or can be made)."""
-    import os
     folder = os.path.dirname(os.path.abspath(path)) or "."
     try:
         os.makedirs(folder, exist_ok=True)
