@@ -40,7 +40,7 @@ class _Tracked:
         """Token ids this sample may not take next: stop tokens before min_tokens, and the last token of
         each bad word whose other tokens end the output."""
         seq, p = self.seq, self.request.params
-        out = list(seq.stop_token_ids) if seq.num_output_tokens < p.min_tokens else []
+        out = list(seq.stop_token_ids) if seq.num_output_tokens < p.min_tokens and not p.ignore_eos else []
         tokens = seq.token_ids                            # only the output's tail is compared: no copy of it
         for word in self.request.bad_words_ids:
             k = len(word) - 1
@@ -210,8 +210,9 @@ class EngineLoop:
         if r.request_id in self.request_ids or any(i in self.tracked for i in ids):
             raise ValueError(f"request {r.index}: id {r.request_id!r} is used twice in this batch")
         self.request_ids.add(r.request_id)
-        # ignore_eos leaves the model's EOS ids out of the stop set; stop_token_ids still end it (as in vLLM)
-        stops = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else eos)
+        # ignore_eos: no stop token of any kind ends the request, neither EOS nor stop_token_ids (DESIGN.md;
+        # vLLM still stops at stop_token_ids). Stop strings, matched on the text, still do.
+        stops = set() if p.ignore_eos else set(p.stop_token_ids or ()) | eos
         for i, seq_id in enumerate(ids):
             seq = Sequence(seq_id, r.prompt_token_ids, p.max_tokens, stop_token_ids=stops, arrival_time=now)
             gen = None

@@ -16,7 +16,7 @@ class Sequence:
     """One request. Its KV is computed for token_ids[:num_computed_tokens]; the scheduler lets
     num_computed_tokens catch up with num_tokens (there is no separate prefill or decode phase).
     A sampled token in stop_token_ids ends it, unless ignore_eos (then only max_tokens and max_model_len do);
-    the engine puts the model's EOS ids in stop_token_ids only when the request does not ignore EOS."""
+    the engine leaves stop_token_ids empty when the request ignores EOS."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                  ignore_eos: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),

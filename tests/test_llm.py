@@ -242,23 +242,26 @@ def test_stop_token_ids_end_the_request(llm):
                        use_tqdm=False)[0]
     assert out.finish_reason == "stop"
     assert out.token_ids == expected[:first + 1]           # includes the token that ended it
-    # ignore_eos ignores only EOS: the request's own stop_token_ids still end it (as in vLLM)
+    # ignore_eos: no stop token of any kind ends the request, stop_token_ids included (DESIGN.md)
     ignored = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop],
                                                             ignore_eos=True), use_tqdm=False)[0]
-    assert ignored.token_ids == expected[:first + 1] and ignored.finish_reason == "stop"
+    assert ignored.token_ids == expected and ignored.finish_reason == "length"
 
 
-def test_ignore_eos_skips_eos_only(llm):
+def test_ignore_eos_generates_exactly_max_tokens(llm):
     eos = llm.get_tokenizer().eos_token_id
     forced = dict(max_tokens=5, temperature=0.0, logit_bias={eos: 100.0})      # EOS wins every step
     stops = llm.generate([[1, 2, 3]], SamplingParams(**forced), use_tqdm=False)[0]
     assert stops.token_ids == [eos] and stops.finish_reason == "stop"
     runs = llm.generate([[1, 2, 3]], SamplingParams(**forced, ignore_eos=True), use_tqdm=False)[0]
     assert runs.token_ids == [eos] * 5 and runs.finish_reason == "length"
-    # min_tokens holds back a stop id under ignore_eos too
-    held = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0.0, logit_bias={7: 100.0},
+    # under ignore_eos a stop id is neither a stop nor held back by min_tokens: it is an ordinary token
+    runs = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0.0, logit_bias={7: 100.0},
                                                     stop_token_ids=[7], min_tokens=3, ignore_eos=True),
                         use_tqdm=False)[0]
+    assert runs.token_ids == [7] * 6 and runs.finish_reason == "length"
+    held = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0.0, logit_bias={7: 100.0},
+                                                    stop_token_ids=[7], min_tokens=3), use_tqdm=False)[0]
     assert 7 not in held.token_ids[:3] and held.token_ids[3] == 7 and held.finish_reason == "stop"
 
 
