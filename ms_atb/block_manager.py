@@ -2,9 +2,9 @@
 
 Free blocks are of two kinds. Clean blocks (never cached, or evicted) live in maximal
 ranges of consecutive ids, indexed by start, end, size (sorted distinct sizes) and by
-address (a lazy min-heap of starts). Cached free blocks (committed, refcount 0) sit in an
-LRU queue; they are evicted into the clean ranges only when the clean blocks cannot cover
-an allocation, so the cache is never traded for contiguity.
+address (a lazy min-heap of starts). Cached free blocks (committed, refcount 0) sit in the
+PrefixCache's LRU queue; they are evicted into the clean ranges only when the clean blocks
+cannot cover an allocation, so the cache is never traded for contiguity.
 
 Placement (measured with scripts/bench_block_manager.py and scripts/placement_variants.py;
 BENCHMARKS.md § Block manager). An "orphan" is a free range no live request grows into: the
@@ -23,13 +23,11 @@ Every call costs O(log n) in the number of blocks (amortised); nothing scans the
 from __future__ import annotations
 
 import numbers
-import struct
-from collections import OrderedDict, deque
+from collections import deque
 from heapq import heappop, heappush
 
-import xxhash
-
 from ms_atb.block_placement import OrphanIndex, SizeIndex
+from ms_atb.prefix_cache import PrefixCache, hash_block
 
 _ALLOCATIONS = ("contiguous", "scattered")
 _FIT_SLACK = 4        # a range up to this many blocks over the best fit may be chosen for its address
@@ -37,12 +35,6 @@ _FIT_SLACK = 4        # a range up to this many blocks over the best fit may be 
 
 class NoFreeBlocksError(RuntimeError):
     """Not enough free blocks; the manager's state is unchanged."""
-
-
-def hash_block(parent: bytes | None, token_ids) -> bytes:
-    """Chained 128-bit hash of one full block: xxh3_128(parent hash + token ids)."""
-    data = struct.pack(f"<{len(token_ids)}q", *token_ids)
-    return xxhash.xxh3_128_digest((parent or b"") + data)
 
 
 class _Request:
@@ -72,12 +64,7 @@ class BlockManager:
         self._caching = bool(enable_prefix_caching)
         self._contiguous = allocation == "contiguous"
         self._ref_counts = [0] * num_blocks
-        self._block_hash: list[bytes | None] = [None] * num_blocks
-        self._block_tokens: list[tuple | None] = [None] * num_blocks
-        # hash -> the blocks holding that content, live ones first as far as free() can tell; one content
-        # may sit in several blocks (same outputs, or a prompt computed without a cache lookup)
-        self._cached: dict[bytes, dict[int, None]] = {}
-        self._lru: OrderedDict[int, None] = OrderedDict()  # cached free blocks, oldest first
+        self._prefix = PrefixCache(num_blocks)
         self._requests: dict[str, _Request] = {}
         self._num_clean = num_blocks
         # contiguous: clean ranges [start, end) and their indexes; scattered: a free list
@@ -108,11 +95,11 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self._num_clean + len(self._lru)
+        return self._num_clean + len(self._prefix)
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return len(self._lru)
+        return len(self._prefix)
 
     def allocate(self, request_id: str, token_ids: list[int], max_tokens: int | None = None,
                  cache_lookup: bool = True) -> int:
@@ -125,7 +112,8 @@ class BlockManager:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 0, got {max_tokens}")
         bs = self._block_size
         num_tokens = len(token_ids)
-        hits, hashes = self._find_hits(token_ids) if self._caching and cache_lookup else ([], [])
+        hits, hashes = (self._prefix.lookup(token_ids, bs) if self._caching and cache_lookup
+                        else ([], []))
         num_new = -(-num_tokens // bs) - len(hits)
         assert num_new >= 1  # the block holding the last prompt token is always private
         revived = sum(1 for b in hits if self._ref_counts[b] == 0)
@@ -136,7 +124,7 @@ class BlockManager:
         req = _Request(list(token_ids), max_tokens)
         for b in hits:
             if self._ref_counts[b] == 0:
-                del self._lru[b]
+                self._prefix.revive(b)
             self._ref_counts[b] += 1
         req.block_ids.extend(hits)
         if hits:
@@ -183,11 +171,8 @@ class BlockManager:
         for i in range(req.num_hashed, num_tokens // bs):
             chunk = req.token_ids[i * bs:(i + 1) * bs]
             h = hash_block(req.last_hash, chunk)
-            block = req.block_ids[i]
-            if self._block_hash[block] is None:   # a copy of a cached content is registered too: it outlives evictions
-                self._cached.setdefault(h, {})[block] = None
-                self._block_hash[block] = h
-                self._block_tokens[block] = tuple(chunk)
+            # a copy of a cached content is registered too: it outlives evictions of the other copies
+            self._prefix.register(req.block_ids[i], h, chunk)
             req.last_hash = h
             req.num_hashed = i + 1
 
@@ -202,14 +187,7 @@ class BlockManager:
             if self._ref_counts[b] == 0:
                 if self._contiguous:
                     self._owner[b] = None
-                h = self._block_hash[b]
-                if h is not None:
-                    self._lru[b] = None
-                    copies = self._cached[h]
-                    if len(copies) > 1:       # free copies go last: a hit takes a live copy when it can
-                        del copies[b]
-                        copies[b] = None
-                else:
+                if not self._prefix.release(b):   # a cached block stays reusable until evicted
                     clean.append(b)
         self._release_clean(clean)
 
@@ -228,44 +206,19 @@ class BlockManager:
             "contiguity": c["contiguous_follow_blocks"] / follow if follow else 1.0,
             "num_requests": len(self._requests),
             "num_free_blocks": self.num_free_blocks,
-            "num_cached_free_blocks": len(self._lru),
+            "num_cached_free_blocks": len(self._prefix),
         }
 
-    # ---- prefix cache -------------------------------------------------------------
     def _get(self, request_id: str) -> _Request:
         try:
             return self._requests[request_id]
         except KeyError:
             raise ValueError(f"unknown request {request_id!r}") from None
 
-    def _find_hits(self, token_ids) -> tuple[list[int], list[bytes]]:
-        bs = self._block_size
-        hits, hashes, parent = [], [], None
-        for i in range((len(token_ids) - 1) // bs):  # leave >= 1 token to compute
-            chunk = token_ids[i * bs:(i + 1) * bs]
-            parent = hash_block(parent, chunk)
-            copies = self._cached.get(parent)
-            if copies is None:
-                break
-            block = hits[-1] + 1 if hits and hits[-1] + 1 in copies else next(iter(copies))   # contiguous first
-            if self._block_tokens[block] != tuple(chunk):
-                break
-            hits.append(block)
-            hashes.append(parent)
-        return hits, hashes
-
     def _evict_for(self, num_new: int) -> None:
         for _ in range(num_new - self._num_clean):
-            block, _ = self._lru.popitem(last=False)
-            h = self._block_hash[block]
-            copies = self._cached[h]
-            del copies[block]
-            if not copies:
-                del self._cached[h]
-            self._block_hash[block] = None
-            self._block_tokens[block] = None
             self._counters["evictions"] += 1
-            self._release_clean([block])
+            self._release_clean([self._prefix.evict_oldest()])
 
     # ---- placement ----------------------------------------------------------------
     def _take_new(self, req: _Request, num_new: int) -> list[int]:

@@ -87,7 +87,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         holders = Counter(b for rid in self.tokens for b in bm.block_table(rid))
         for rid, toks in self.tokens.items():
             assert len(bm.block_table(rid)) == -(-len(toks) // BS)
-        free = set(bm._lru)
+        free = set(bm._prefix.lru)
         if bm._contiguous:
             for s, e in bm._starts.items():
                 free.update(range(s, e))
@@ -105,18 +105,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert len(free) + len(holders) == NUM_BLOCKS         # nothing lost
         for b in range(NUM_BLOCKS):
             assert bm._ref_counts[b] == holders.get(b, 0)
-        registered = [b for copies in bm._cached.values() for b in copies]
+        cache = bm._prefix
+        registered = [b for copies in cache.copies.values() for b in copies]
         assert len(registered) == len(set(registered))       # one hash per block
-        assert set(registered) == {b for b in range(NUM_BLOCKS) if bm._block_hash[b] is not None}
-        for h, copies in bm._cached.items():                  # cached tokens match their hash
-            assert copies and all(bm._block_hash[b] == h for b in copies)
+        assert set(registered) == {b for b in range(NUM_BLOCKS) if cache.block_hash[b] is not None}
+        for h, copies in cache.copies.items():                # cached tokens match their hash
+            assert copies and all(cache.block_hash[b] == h for b in copies)
         for rid, toks in self.tokens.items():
             parent = None
             for i, b in enumerate(bm.block_table(rid)[: len(toks) // BS]):
                 parent = hash_block(parent, toks[i * BS:(i + 1) * BS])
-                if bm._block_hash[b] is not None:
-                    assert bm._block_hash[b] == parent
-                    assert list(bm._block_tokens[b]) == toks[i * BS:(i + 1) * BS]
+                if cache.block_hash[b] is not None:
+                    assert cache.block_hash[b] == parent
+                    assert list(cache.block_tokens[b]) == toks[i * BS:(i + 1) * BS]
 
     def teardown(self):
         if self.bm is None:
