@@ -126,8 +126,7 @@ class EngineConfig:
         for key, value in overrides.items():
             if key not in _LEAVES:
                 raise ValueError(f"unknown keyword {key!r}; allowed: {sorted(_LEAVES)}")
-            if value is not None:
-                cfg._set(_LEAVES[key], key, value)
+            cfg._set(_LEAVES[key], key, value)     # None too: max_tokens=None means up to max_model_len
         cfg.model.path = resolve_model_path(cfg.model.path, base_dir)
         if cfg.model.tokenizer:
             cfg.model.tokenizer = resolve_model_path(cfg.model.tokenizer, base_dir)

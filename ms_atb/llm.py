@@ -34,7 +34,9 @@ class LLM:
         from ms_atb.model_runner import ModelRunner, kv_cache_bytes_per_block
         from ms_atb.tokenizer import load_tokenizer
 
-        self.config = cfg = EngineConfig.load(model_or_config, device=device, **keywords)
+        if device is not None:                   # None: the config's context.device
+            keywords["device"] = device
+        self.config = cfg = EngineConfig.load(model_or_config, **keywords)
         tp = cfg.parallel.tensor_parallel_size
         self.model_config = load_config(cfg.model.path)
         validate_tp(self.model_config, tp)
@@ -195,6 +197,7 @@ class LLM:
             "block_size": self.config.kv_cache.block_size,
             "num_computed_tokens": s["num_computed_prompt_tokens"],
         }
+        out.update({"tokens_per_s": 0.0, "num_output_tokens": 0, "elapsed_s": 0.0})   # before any run
         out.update({k: v for k, v in self._run_stats.items() if not k.startswith("kv_")})
         return out
 

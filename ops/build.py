@@ -68,7 +68,9 @@ def kernel_library() -> str:
     if target.exists():
         if is_complete_elf(target):
             return str(target)
-        target.unlink()      # damaged on disk (a torn copy, a full disk): loading it would crash the process
+        # damaged on disk (a torn copy, a full disk): loading it would crash the process. Another rank
+        # sharing the cache may have removed it already.
+        target.unlink(missing_ok=True)
     compile_library(target)
     return str(target)
 

@@ -12,7 +12,8 @@ class PagedAttention(nn.Cell):
     Sequence b owns query rows query_start_loc[b]:query_start_loc[b+1], the LAST tokens of its
     context_lens[b] tokens (their K/V must already be in the cache); causal; query head h reads
     kv head h // (H // KVH). Rows owned by no sequence come out zero; a sequence with an empty
-    query range is skipped. float32, float16 and bfloat16 (computed in float32) on the CPU.
+    query range is skipped. float32, float16 and bfloat16 (computed in float32) on the CPU; bfloat16 is tested
+    through ms_atb.ops.paged_attention (tests/test_ops_functional.py).
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, device: str = "cpu"):

@@ -18,6 +18,16 @@ def test_tiny_config_loads_and_keywords_override():
     assert cfg.model.max_model_len >= 256
 
 
+def test_a_none_keyword_overrides_too():
+    # None is a value: the documented null setting of an optional leaf, an error for the others
+    cfg = EngineConfig.load(TINY, max_tokens=None, max_model_len=None, compile_cache=None)
+    assert (cfg.sampling.max_tokens, cfg.model.max_model_len, cfg.context.compile_cache) == (None, None, None)
+    for key, match in (("num_blocks", "kv_cache.num_blocks must be an integer >= 1 or 'auto', got None"),
+                       ("enable_prefix_caching", "must be true or false, got None")):
+        with pytest.raises(ValueError, match=match):
+            EngineConfig.load(TINY, **{key: None})
+
+
 def test_leaf_names_are_unique_and_cover_every_section():
     keys = config_keys()
     assert {"path", "block_size", "num_blocks", "memory_budget", "max_num_seqs", "tensor_parallel_size",

@@ -39,6 +39,32 @@ def test_the_functional_forms_match_the_references():
     np.testing.assert_allclose(out.asnumpy(), ref, atol=1e-5)
 
 
+def test_bfloat16_caches_on_the_cpu():
+    """bfloat16 tokens and caches: written bit for bit, attention computed in float32 and rounded once."""
+    import mindspore as ms
+    rng = np.random.default_rng(3)
+    kc, vc, (kc_ref, vc_ref) = setup_caches()
+
+    def to_bf16(x):
+        return Tensor(np.asarray(x, np.float32)).astype(ms.bfloat16)
+    kc16, vc16 = to_bf16(kc_ref), to_bf16(vc_ref)
+    kc_r, vc_r = (t.astype(ms.float32).asnumpy() for t in (kc16, vc16))           # the values bf16 holds
+    key = rng.standard_normal((2, KVH, D)).astype(np.float32)
+    value = rng.standard_normal((2, KVH, D)).astype(np.float32)
+    reshape_and_cache(to_bf16(key), to_bf16(value), kc16, vc16, i32([9 * BS + 1, 9 * BS + 2]))
+    key_r, value_r = (to_bf16(x).astype(ms.float32).asnumpy() for x in (key, value))
+    kc_r, vc_r = reshape_and_cache_ref(key_r, value_r, kc_r, vc_r, [9 * BS + 1, 9 * BS + 2])
+    assert kc16.dtype == ms.bfloat16
+    np.testing.assert_array_equal(kc16.astype(ms.float32).asnumpy(), kc_r)
+    np.testing.assert_array_equal(vc16.astype(ms.float32).asnumpy(), vc_r)
+    query = to_bf16(rng.standard_normal((3, H, D)))
+    args = ([[5, 2, 9], [0, 1, 0]], [11, 6], [0, 2, 3])
+    out = paged_attention(query, kc16, vc16, *(i32(a) for a in args), 0.3)
+    assert out.dtype == ms.bfloat16
+    ref = paged_attention_ref(query.astype(ms.float32).asnumpy(), kc_r, vc_r, *(np.asarray(a) for a in args), 0.3)
+    np.testing.assert_allclose(out.astype(ms.float32).asnumpy(), ref, atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("change, match", [
     (dict(block_tables=[[5, 2, 12], [0, 1, 0], [0, 0, 0]]), "sequence 0: block_tables names block 12, outside"),
     (dict(block_tables=[[5, 2, -1], [0, 1, 0], [0, 0, 0]]), "sequence 0: block_tables names block -1"),

@@ -18,7 +18,7 @@ def test_defaults_and_normalisation():
 @pytest.mark.parametrize("field,value", [
     ("max_tokens", 0), ("max_tokens", -3), ("max_tokens", 2.0), ("max_tokens", True), ("max_tokens", "8"),
     ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", "1"),
-    ("top_k", -2), ("top_k", 1.5),
+    ("top_k", 0), ("top_k", -2), ("top_k", 1.5),
     ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", float("nan")),
     ("min_p", -0.1), ("min_p", 1.5), ("min_p", float("nan")), ("min_p", "0.1"),
     ("seed", 1.5), ("seed", "7"), ("seed", -1),
