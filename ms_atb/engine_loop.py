@@ -1,6 +1,9 @@
 """EngineLoop: one generate() run — schedule, execute, sample, update, detokenize, until done."""
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from typing import Iterator
 
@@ -82,12 +85,12 @@ class EngineLoop:
         bar = progress_bar(len(self.requests), use_tqdm, "req", "generate")
         try:
             while sched.has_unfinished():
+                self.failed = True           # schedule() commits the step's blocks: failed until their KV is written
                 step = sched.schedule()
                 now = time.perf_counter()
                 for seq in step.seqs:
                     if seq.first_scheduled_time is None:
                         seq.first_scheduled_time = now
-                self.failed = True           # until the step's KV is written
                 if any(seq.needs_prompt_logits for seq in step.seqs):
                     every = llm.runner.execute(step, every_token=True)            # [T, vocab]
                     logits = every[np.asarray(step.query_start_loc[1:]) - 1]      # [B, vocab]
@@ -265,6 +268,33 @@ class EngineLoop:
                 "num_output_tokens": self.num_output_tokens, "elapsed_s": elapsed,
                 "kv_cache_usage_mean": float(np.mean(self.usage)) if self.usage else 0.0,
                 "kv_cache_usage_peak": float(np.max(self.usage)) if self.usage else 0.0}
+
+
+@contextlib.contextmanager
+def interrupts_raise():
+    """While engine work runs, Ctrl-C raises KeyboardInterrupt instead of killing the process.
+
+    MindSpore installs its own SIGINT handler at every graph run, and that handler sends the
+    process SIGTERM, whose default action kills it: every result held in memory would be lost. Here
+    SIGTERM raises KeyboardInterrupt, so a run stops as an interrupted Python call does (finished
+    outputs ride on the exception, the engine stays usable); afterwards Python's SIGINT handler is
+    back. Left alone outside the main thread, or when the program has its own SIGTERM handler."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    sigint = signal.getsignal(signal.SIGINT)     # Python's record; MindSpore replaced the C handler
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"interrupted (signal {signum}: MindSpore turns Ctrl-C into SIGTERM)")
 
 
 def progress_bar(total: int, enabled: bool, unit: str, desc: str):

@@ -29,6 +29,7 @@ class LLM:
 
     def __init__(self, model_or_config: Union[str, dict, None] = None, device: str | None = None,
                  **keywords):
+        from ms_atb.engine_loop import interrupts_raise
         from ms_atb.models.loader import load_config
         from ms_atb.models.parallel import validate_tp
         from ms_atb.model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -71,10 +72,11 @@ class LLM:
             self.tokenizer.pad_to(self.model_config.vocab_size)
         t0 = time.perf_counter()
         sc = cfg.scheduler
-        self.runner = ModelRunner(cfg.model.path, cfg.model.dtype, self.num_blocks, kv.block_size,
-                                  sc.max_num_seqs, sc.max_num_batched_tokens, self.max_model_len,
-                                  device=cfg.context.device, tp_size=tp, tp_rank=self.rank)
-        stats = self.runner.warmup(cfg.context.compile_cache)
+        with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
+            self.runner = ModelRunner(cfg.model.path, cfg.model.dtype, self.num_blocks, kv.block_size,
+                                      sc.max_num_seqs, sc.max_num_batched_tokens, self.max_model_len,
+                                      device=cfg.context.device, tp_size=tp, tp_rank=self.rank)
+            stats = self.runner.warmup(cfg.context.compile_cache)
         if stats["graph_cache"] != "off":
             where = {"skipped": " (an earlier engine of this process uses it)",
                      "unavailable": " (no entry script file, as under python -c)"}.get(
@@ -117,7 +119,7 @@ class LLM:
         """Runs validated requests; yields (index, output) as each finishes. If the run fails
         or the caller stops early, the unfinished requests are dropped and the engine stays
         usable. For prompts and SamplingParams, use generate()."""
-        from ms_atb.engine_loop import EngineLoop
+        from ms_atb.engine_loop import EngineLoop, interrupts_raise
         if not isinstance(requests, (list, tuple)):
             raise ValueError(f"generate_iter() takes a list of requests, got {type(requests).__name__}")
         bad = next((r for r in requests if not isinstance(r, Request)), None)
@@ -130,9 +132,16 @@ class LLM:
         self._iterating = True
         try:
             loop = EngineLoop(self, requests)
+            steps = loop.run(use_tqdm=use_tqdm and self.rank == 0)
             try:
-                yield from loop.run(use_tqdm=use_tqdm and self.rank == 0)
+                while True:
+                    with interrupts_raise():      # Ctrl-C in engine work: KeyboardInterrupt, not a killed process
+                        item = next(steps, None)
+                    if item is None:
+                        break
+                    yield item
             finally:
+                steps.close()
                 loop.abort_unfinished()
                 self._run_stats = loop.stats()
         finally:

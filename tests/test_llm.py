@@ -481,6 +481,26 @@ def test_failure_mid_batch_keeps_finished_results_and_engine_usable(llm, monkeyp
     assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == tokens_of(expected)
 
 
+def test_failure_right_after_schedule_leaves_no_uncomputed_blocks_in_the_cache(llm):
+    # schedule() commits the step's blocks; a failure before the model writes their KV must drop them
+    prompt = list(range(7, 107))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm.reset_scheduler()
+    expected = llm.generate([prompt], params, use_tqdm=False)[0].token_ids
+    llm.reset_scheduler()
+    schedule = llm.scheduler.schedule
+
+    def schedule_then_fail():
+        schedule()
+        raise MemoryError("out of memory after scheduling")
+
+    llm.scheduler.schedule = schedule_then_fail
+    with pytest.raises(MemoryError):
+        llm.generate([prompt], params, use_tqdm=False)
+    again = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0 and again.token_ids == expected
+
+
 def test_chat_and_stats(llm):
     outs = llm.chat([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]],
                     SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
