@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -74,6 +75,8 @@ def read_requests(path: str, skip_invalid: bool = False) -> list[dict]:
                     raise
                 rid = getattr(e, "request_id", None) or f"line-{lineno}"
                 items.append({"id": rid, "_line": lineno, "_error": str(e)})
+    if not items:
+        raise ValueError(f"--input {path!r} holds no prompts")
     ids = [i["id"] for i in items]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
@@ -107,10 +110,14 @@ def _parse_line(raw: bytes, lineno: int, path: str, jsonl: bool) -> list[dict]:
     return [item]
 
 
+RESULT_START = b'{"id": '     # how every line this command writes begins
+
+
 def done_ids(path: str) -> set[str]:
-    """Ids already written. A torn last line (the run was killed mid-write) is cut off, and a complete
-    last line that lost only its newline gets it back. A bad line before the last is an error: results
-    are never truncated away."""
+    """Ids already written: lines with an id and a result (token_ids, text) or an error. A torn last line (the
+    run was killed mid-write: no newline, and the start of a result line) is cut off, and a complete last
+    line that lost only its newline gets it back. Any other line that is not a result is an error, so
+    results, and files that are not ours, are never truncated away."""
     if not os.path.exists(path):
         return set()
     size = os.path.getsize(path)
@@ -119,13 +126,15 @@ def done_ids(path: str) -> set[str]:
         for lineno, raw in enumerate(f, 1):
             last = raw
             if raw.strip():
-                try:
-                    ids.add(str(json.loads(raw)["id"]))
-                except (ValueError, KeyError, TypeError):
-                    if good + len(raw) < size:
-                        raise ValueError(f"--output {path}:{lineno} is not a result line (JSON with an 'id'); "
-                                         f"fix or remove it, or pass --overwrite") from None
-                    break                           # the torn last line
+                rid = _result_id(raw)
+                if rid is None:
+                    torn = (good + len(raw) == size and not raw.endswith(b"\n")
+                            and (raw.startswith(RESULT_START) or RESULT_START.startswith(raw)))
+                    if not torn:
+                        raise ValueError(f"--output {path}:{lineno} is not a result line (JSON with an 'id' and "
+                                         f"'token_ids', 'text' or 'error'); fix or remove it, or pass --overwrite")
+                    break
+                ids.add(rid)
             good += len(raw)
     if good < size:
         with open(path, "r+b") as f:
@@ -136,6 +145,16 @@ def done_ids(path: str) -> set[str]:
     return ids
 
 
+def _result_id(raw: bytes) -> str | None:
+    try:
+        item = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(item, dict) and "id" in item and any(k in item for k in ("token_ids", "text", "error")):
+        return str(item["id"])
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -143,6 +162,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"ms-atb-generate: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"ms-atb-generate: interrupted; the results written so far are in {args.output}: rerun with "
+              f"--resume to finish", file=sys.stderr)
+        return 130
 
 
 def _main(args) -> int:
@@ -152,6 +175,8 @@ def _main(args) -> int:
     from ms_atb.engine_summary import format_summary, summarize
 
     items = read_requests(args.input, args.skip_invalid)
+    if os.path.exists(args.output) and os.path.samefile(args.input, args.output):
+        raise ValueError(f"--output {args.output!r} is the --input file; give another path")
     if os.path.isdir(args.output):
         raise ValueError(f"--output {args.output!r} is a directory; give a file path such as {args.output}/out.jsonl")
     if os.path.exists(args.output) and not (args.resume or args.overwrite):
@@ -234,21 +259,27 @@ def _main(args) -> int:
               f"engine built in {llm.build_seconds:.1f} s", file=sys.stderr)
     outputs = []
     t0 = time.perf_counter()
-    out = open(args.output, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
     try:
-        if out is not None:
-            for record in invalid:
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
+        out = open(args.output, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
+    except OSError as e:
+        raise ValueError(f"--output {args.output!r} cannot be written ({e.strerror})") from None
+    try:
         records = (_beam_records(llm, requests, beam, outputs, not args.no_progress) if beam is not None
                    else _sample_records(llm, requests, outputs, not args.no_progress))
-        for record in records:
+        for record in itertools.chain(invalid, records):
             if out is not None:
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                out.flush()
+                try:
+                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    out.flush()
+                except OSError as e:
+                    raise ValueError(f"writing --output {args.output!r} failed ({e.strerror}); the results "
+                                     f"written before are kept: make room and rerun with --resume") from None
     finally:
         if out is not None:
-            out.close()
+            try:
+                out.close()
+            except OSError:
+                pass                      # the write that failed said so
     if rank0 and beam is not None:
         elapsed = time.perf_counter() - t0
         tokens = sum(len(o.sequences[0].token_ids) for o in outputs)

@@ -51,6 +51,21 @@ if [[ -z "${VIRTUAL_ENV:-}" && -x "$ROOT/.venv/bin/python" ]]; then
   export PATH="$ROOT/.venv/bin:$PATH"
 fi
 command -v msrun >/dev/null || { echo "msrun_generate.sh: msrun not found (it comes with mindspore)" >&2; exit 2; }
+# Node 0 runs msrun's scheduler on the port: if another program holds it, msrun's workers would retry for
+# minutes (cluster_time_out) with the reason only in scheduler.log.
+if (( NODE_RANK == 0 )) && ! python - "$MASTER_ADDR" "$MASTER_PORT" <<'PY'
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind((sys.argv[1], int(sys.argv[2])))
+except OSError as e:
+    sys.exit(f"msrun_generate.sh: --master-addr {sys.argv[1]} --master-port {sys.argv[2]} cannot be used on this "
+             f"machine ({e.strerror}); pick a free port with --master-port")
+PY
+then
+  exit 2
+fi
 
 exec msrun --worker_num="$TP" --local_worker_num="$((TP / NODES))" --node_rank="$NODE_RANK" \
   --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --log_dir="$LOG_DIR" --join=True \

@@ -89,8 +89,35 @@ def test_done_ids_never_truncates_results_after_a_bad_line(tmp_path, bad):
     with pytest.raises(ValueError, match=r"o\.jsonl:2 is not a result line"):
         done_ids(str(out))
     assert out.read_text() == content
-    out.write_text('{"id": "a", "text": "x"}\n' + bad)                              # as the last line: torn
-    assert done_ids(str(out)) == {"a"} and out.read_text() == '{"id": "a", "text": "x"}\n'
+    out.write_text('{"id": "a", "text": "x"}\n' + bad)                # as the last line: torn only if it
+    if bad.startswith('{"id": '):                                       # is the start of a result line
+        assert done_ids(str(out)) == {"a"} and out.read_text() == '{"id": "a", "text": "x"}\n'
+    else:
+        with pytest.raises(ValueError, match=r"o\.jsonl:2 is not a result line"):
+            done_ids(str(out))
+        assert out.read_text() == '{"id": "a", "text": "x"}\n' + bad
+
+
+@pytest.mark.parametrize("content", ["total,3\n", "some notes without a newline", '{"id": "r0", "foo": 1}\n',
+                                     '{"id": "a", "text": "x"}\n{"id": "b", "te\n'])
+def test_resume_never_truncates_a_file_that_is_not_ours(tmp_path, content):
+    out = tmp_path / "o.jsonl"
+    out.write_text(content)
+    with pytest.raises(ValueError, match="is not a result line"):
+        done_ids(str(out))
+    assert out.read_text() == content
+
+
+def test_input_and_output_errors(tmp_path, capsys):
+    inp = tmp_path / "p.jsonl"
+    inp.write_text('{"id": "a", "prompt": [1, 2]}\n')
+    assert main(["--config", TINY, "--input", str(inp), "--output", str(inp), "--resume"]) == 2
+    assert "is the --input file" in capsys.readouterr().err
+    assert inp.read_text() == '{"id": "a", "prompt": [1, 2]}\n'
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    assert main(["--config", TINY, "--input", str(empty), "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert "holds no prompts" in capsys.readouterr().err
 
 
 def test_bad_flags_exit_with_a_message(tmp_path, capsys):
@@ -224,3 +251,28 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     assert sorted(ids) == sorted(f"line-{i}" for i in range(1, 31))      # every prompt exactly once
     assert ids[:len(first)] == first
     assert all(len(r["token_ids"]) == 24 and r["finish_reason"] == "length" for r in rows)
+
+
+def test_interrupt_and_write_failure_keep_what_was_written(tmp_path, capsys, monkeypatch):
+    import ms_atb.cli as cli
+    inp = tmp_path / "p.jsonl"
+    inp.write_text("".join(f'{{"id": "r{i}", "prompt": [{i + 1}, 2, 3]}}\n' for i in range(4)))
+    out = tmp_path / "o.jsonl"
+    records = cli._sample_records
+
+    def interrupted(*args):
+        for n, record in enumerate(records(*args)):
+            if n == 2:
+                raise KeyboardInterrupt     # Ctrl-C, as the engine raises it
+            yield record
+    monkeypatch.setattr(cli, "_sample_records", interrupted)
+    args = ["--config", TINY, "--input", str(inp), "--no-progress", "--max-tokens", "3"]
+    assert main(args + ["--output", str(out)]) == 130
+    assert "rerun with --resume" in capsys.readouterr().err
+    assert len(done_ids(str(out))) == 2
+    monkeypatch.setattr(cli, "_sample_records", records)
+    assert main(args + ["--output", str(out), "--resume"]) == 0
+    assert done_ids(str(out)) == {"r0", "r1", "r2", "r3"}
+    if os.path.exists("/dev/full"):                  # every write fails with ENOSPC
+        assert main(args + ["--output", "/dev/full", "--overwrite"]) == 2
+        assert "No space left on device); the results written before are kept" in capsys.readouterr().err

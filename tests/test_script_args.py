@@ -1,5 +1,6 @@
 """The benchmark scripts refuse bad arguments with an argparse error (exit 2) before any work."""
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -51,3 +52,14 @@ def test_msrun_launcher_reads_sizes_as_decimal():
         run = subprocess.run(["bash", str(SCRIPTS / "msrun_generate.sh"), *args, "--", "--config", "x"],
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_msrun_launcher_refuses_a_port_in_use():
+    with socket.socket() as held:                    # another program listens on the port
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        run = subprocess.run(["bash", str(SCRIPTS / "msrun_generate.sh"), "--master-port", str(port), "--",
+                              "--config", "x"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and f"--master-port {port} cannot be used on this machine" in run.stderr, run.stderr
