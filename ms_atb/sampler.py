@@ -106,7 +106,8 @@ def apply_penalties(logits: np.ndarray, params: list[SamplingParams], histories)
         if p.repetition_penalty != 1.0:
             seen = np.unique(ids)
             x = row[seen]
-            row[seen] = np.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+            with np.errstate(over="ignore"):          # past float32: +inf, which sample() handles
+                row[seen] = np.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
         if p.presence_penalty or p.frequency_penalty:
             counts = np.bincount(ids[num_prompt:], minlength=v)    # [V]
             generated = np.flatnonzero(counts)
@@ -163,6 +164,23 @@ def rows_logprobs(logits: np.ndarray, tokens, top: int) -> list[dict[int, float]
     return out
 
 
+def _nan_error(row: int) -> RuntimeError:
+    return RuntimeError(f"the logits of batch row {row} hold NaN: the model's numerics broke (weights, or an "
+                        f"overflow in its dtype); no token can be chosen")
+
+
+def _keep_only_infinite(rows: np.ndarray, top: np.ndarray, sampled: list[int]) -> None:
+    """Rows [S, V] whose max top [S, 1] is not finite, in place: NaN is an error; where some logits are
+    +inf (a repetition penalty can divide one past float32), those tokens are the only candidates, equally
+    likely (exp(inf - inf) would be NaN)."""
+    nan = np.flatnonzero(np.isnan(top[:, 0]))
+    if nan.size:
+        raise _nan_error(sampled[nan[0]])
+    inf = np.isposinf(top[:, 0])
+    rows[inf] = np.where(rows[inf] == np.inf, 0.0, -np.inf)
+    top[inf] = 0.0
+
+
 class Sampler:
     def __init__(self):
         self._default_rng = np.random.default_rng()
@@ -182,6 +200,8 @@ class Sampler:
         greedy = [i for i in range(b) if params[i].greedy]
         if greedy:
             for i, t in zip(greedy, np.argmax(logits[greedy], axis=1)):   # argmax: first (lowest id) max
+                if np.isnan(logits[i, t]):                                  # argmax stops at the first NaN
+                    raise _nan_error(i)
                 out[i] = int(t)
         sampled = [i for i in range(b) if not params[i].greedy]
         if not sampled:
@@ -191,7 +211,10 @@ class Sampler:
         # [S]; past 1e30 every finite logit gap divides to ~0 anyway, and a float32 inf would turn the -inf
         # of a masked token into NaN
         temps = np.array([min(params[i].temperature, 1e30) for i in sampled], dtype=np.float32)
-        e = np.exp((rows - rows.max(axis=1, keepdims=True)) / temps[:, None])            # [S, V]
+        top = rows.max(axis=1, keepdims=True)                                            # [S, 1]
+        if not np.isfinite(top).all():
+            _keep_only_infinite(rows, top, sampled)
+        e = np.exp((rows - top) / temps[:, None])                                        # [S, V]
         for j, i in enumerate(sampled):                     # e is p / p_max: min-p keeps e >= min_p
             if params[i].min_p > 0.0:
                 e[j][e[j] < params[i].min_p] = 0.0

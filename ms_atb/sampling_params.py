@@ -45,7 +45,7 @@ def _token_bias(bias) -> dict[int, float]:
 class SamplingParams:
     max_tokens: int | None = 16       # None: as many as max_model_len leaves after the prompt
     temperature: float = 1.0          # 0 (or under GREEDY_BELOW) = greedy
-    top_k: int = -1                   # -1 or 0 = off
+    top_k: int = -1                   # -1 = off
     top_p: float = 1.0                # 1.0 = off
     seed: int | None = None
     stop: str | list[str] | None = None

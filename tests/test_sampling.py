@@ -281,3 +281,20 @@ def test_a_ban_that_leaves_no_token_is_skipped():
     assert Sampler().sample(logits, [only_stop], _gens([0]), banned=[{2}]) == [2]
     both = SamplingParams(temperature=0.0, allowed_token_ids=[0, 2])
     assert Sampler().sample(logits, [both], [None], banned=[{2}]) == [0]
+
+
+def test_infinite_logits_are_the_only_candidates_and_nan_is_an_error():
+    # repetition_penalty=1e-39 divides the positive logits of seen tokens 1 and 2 past float32: both become +inf
+    row = np.array([[0.5, 2.0, 1.0, -1.0]] * 400, np.float32)
+    history = ([1, 2], 2)
+    for kw in (dict(), dict(top_k=3), dict(top_p=0.9), dict(min_p=0.5)):
+        params = [SamplingParams(temperature=1.0, repetition_penalty=1e-39, **kw)] * len(row)
+        drawn = Sampler().sample(row, params, [np.random.default_rng(i) for i in range(len(row))],
+                                 [history] * len(row))
+        assert set(drawn) == {1, 2}, (kw, sorted(set(drawn)))
+    one_inf = np.array([[0.0, 1.0, np.inf, 0.5]], np.float32)
+    assert Sampler().sample(one_inf, [SamplingParams(temperature=1.0, top_k=2)], [np.random.default_rng(0)]) == [2]
+    nan = np.array([[0.0, 1.0, np.nan, 0.5]], np.float32)
+    for p in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0), SamplingParams(top_p=0.9)):
+        with pytest.raises(RuntimeError, match="batch row 0 hold NaN"):
+            Sampler().sample(nan, [p], [np.random.default_rng(0)])

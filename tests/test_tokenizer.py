@@ -250,6 +250,12 @@ def test_chat_template_helpers_and_errors(json_dir):
         tok.apply_chat_template([{"role": "assistant", "content": "x"}])
     with pytest.raises(ValueError, match="conversation"):
         tok.apply_chat_template([{"role": "user"}])
+    loops = load_tokenizer(str(json_dir))       # HF's loop controls: {% break %}, {% continue %}
+    loops.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+                           "{{ m['content'] }};{% if loop.index > 2 %}{% break %}{% endif %}{% endfor %}")
+    talk = [{"role": r, "content": c} for r, c in (("system", "S"), ("user", "a"), ("assistant", "b"),
+                                                   ("user", "c"))]
+    assert loops.apply_chat_template(talk, add_generation_prompt=False) == "a;b;"
 
 
 @pytest.mark.parametrize("template, match", [
