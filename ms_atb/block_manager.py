@@ -14,7 +14,8 @@ block before it is not a live request's last block.
   lowest range; when a live request ends right before that range, the prompt starts 1/4 of that
   request's expected growth (from its max_tokens) in, at most half of what the range leaves, so the
   neighbour keeps some room and the rest is the prompt's own room to grow; with no fitting
-  range it scatters: the largest range, then the lowest ranges, sweeping up small holes;
+  range it scatters, sparing the largest range (the likeliest to hold a later large prompt): one
+  piece of the next largest, then the lowest ranges, sweeping up small holes, the largest last;
 - a growing request takes last + 1 when it is clean, else the lowest orphan of at most half
   its expected growth (a hole it will use up, not a large range split), else the lowest
   orphan, else the lowest clean block: free space drifts upward and merges.
@@ -245,16 +246,25 @@ class BlockManager:
         if start is not None:
             self._carve(start, lo, lo + num_new)
             return list(range(lo, lo + num_new))
+        return self._scatter(num_new)
+
+    def _scatter(self, num_new: int) -> list[int]:
+        """No range fits: spare the largest range (the likeliest to hold a later large prompt); one
+        piece of the next largest, then the lowest ranges; the largest only once all else is used up."""
+        by_size = self._by_size
+        spare = by_size.lowest_start(by_size.keys[-1])
+        spare_end = self._remove_range(spare)   # out of every index while the others are swept
         new_ids = []
-        while len(new_ids) < num_new:  # no range fits: the largest range, then the lowest ones
-            if new_ids:
-                s = self._lowest_start()
-                size = self._starts[s] - s
-            else:
-                size, s = self._by_size.largest()
-            n = min(size, num_new - len(new_ids))
+        while len(new_ids) < num_new and self._starts:
+            s = self._lowest_start() if new_ids else by_size.lowest_start(by_size.keys[-1])
+            n = min(self._starts[s] - s, num_new - len(new_ids))
             new_ids.extend(range(s, s + n))
             self._carve(s, s, s + n)
+        self._insert_range(spare, spare_end)
+        if len(new_ids) < num_new:
+            n = num_new - len(new_ids)
+            new_ids.extend(range(spare, spare + n))
+            self._carve(spare, spare, spare + n)
         return new_ids
 
     def _first_block_in(self, start: int, num_new: int) -> int:

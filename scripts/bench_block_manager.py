@@ -6,10 +6,11 @@ admitted while usage < 0.9; every running request appends one token per step; wh
 cannot be had, the newest running request is preempted (freed, back to the front of the
 queue, resumed later with its prompt + generated tokens). Fixed seed, bounded steps.
 Prints µs per call, allocation_contiguity, contiguity and mean usage for `contiguous` and
-`scattered`, on the churn mix and two other length mixes, a pool-size scaling line, and
+`scattered`, on the churn mix and two other length mixes, the churn figures' spread over
+seeds (`--seeds`), a pool-size scaling line, and
 MindFormers' BlockTables as a peer when its venv (.venv-mindformers) can run it.
 
-    .venv/bin/python scripts/bench_block_manager.py [--steps N]
+    .venv/bin/python scripts/bench_block_manager.py [--steps N] [--seeds 40]
 """
 from __future__ import annotations
 
@@ -264,6 +265,8 @@ def peer_row(mix_name: str, steps: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4000, help="steps of the churn mix (other mixes: half)")
+    ap.add_argument("--seeds", type=int, default=40,
+                    help="also run the churn mix on seeds 0..N-1 with `contiguous` and print the spread (0: skip)")
     ap.add_argument("--peer-only", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     require_at_least(ap, args, 4, "steps", why=" (the other mixes run half as many)")
@@ -287,7 +290,18 @@ def main() -> None:
             r = run_workload(OursAdapter(allocation, 4096, 16), mix, steps)
             print(format_row(f"ms_atb {allocation}", r))
         print(peer_row(name, steps))
+        if name.startswith("churn") and args.seeds > 1:
+            print(seed_spread_line(mix, steps, args.seeds))
     print("\n" + scaling_line())
+
+
+def seed_spread_line(mix, steps: int, seeds: int) -> str:
+    """The churn figures of `contiguous` over seeds 0..seeds-1: seed 0 is one draw of the workload."""
+    rs = [run_workload(OursAdapter("contiguous", 4096, 16), mix, steps, seed=seed) for seed in range(seeds)]
+    alloc = [r["allocation_contiguity"] for r in rs]
+    return (f"ms_atb contiguous over seeds 0-{seeds - 1}: allocation_contiguity mean {statistics.fmean(alloc):.3f}"
+            f" (min {min(alloc):.3f}, max {max(alloc):.3f}; {sum(a >= 0.9 for a in alloc)} of {seeds} seeds >= 0.90),"
+            f" contiguity mean {statistics.fmean(r['contiguity'] for r in rs):.3f}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def _growth_blocks(bm, req) -> int:
 class Session5Policy(BlockManager):
     """The policy kept from session 5 to session 10: the lowest range at most 2 blocks over the best
     fit; after a live tail, the neighbour keeps 1/4 of its expected growth, as much as the range leaves;
-    a jump goes to the lowest range nobody grows into."""
+    a jump goes to the lowest range nobody grows into; with no fitting range, the largest range first."""
 
     def _best_fit(self, num_new):
         return self._by_size.lowest_near_fit(num_new, 2)
@@ -68,6 +68,20 @@ class Session5Policy(BlockManager):
     def _jump_target(self, req):
         start = self._orphans.lowest()
         return self._lowest_start() if start is None else start
+
+    def _scatter(self, num_new):
+        """No range fits: the largest range first, then the lowest ones (the scatter until session 14)."""
+        new_ids = []
+        while len(new_ids) < num_new:
+            if new_ids:
+                s = self._lowest_start()
+                size = self._starts[s] - s
+            else:
+                size, s = self._by_size.largest()
+            n = min(size, num_new - len(new_ids))
+            new_ids.extend(range(s, s + n))
+            self._carve(s, s, s + n)
+        return new_ids
 
 
 def _take_one(bm, req, start, block):

@@ -4,9 +4,10 @@ Each variant is a BlockManager subclass that changes one thing of the policy it 
 against, the one kept from session 5 to session 10 (`Session5Policy`, in placement_base.py): the
 room a new prompt leaves the live request before it (`_left_room_divisor`), which range it takes
 (`_best_fit`), where it goes or scatters (`_take_new_contiguous`), or which block a growing request
-takes (`_grow`). "orphans first + jump fill" became the kept policy in session 11; its variant here
-is the scanning form it was measured in, and tests/test_placement_variants.py checks that the two
-place every block alike.
+takes (`_grow`), or how a prompt that no range holds scatters (`_scatter`). "orphans first + jump fill"
+became the kept policy in session 11, and "... + spare the largest" (its scatter) in session 14; that
+variant is the scanning form the kept policy was measured in, and tests/test_placement_variants.py
+checks that the two place every block alike.
 The classic baselines (plain best fit, first fit, the article's largest range) leave no room.
 Everything else, the workload included, is scripts/bench_block_manager.py's. Two variants are
 oracles: the workload tells the manager how many tokens each request will really generate
@@ -216,6 +217,25 @@ class OrphansFirstJumpFill(OrphansFirst, _GrowVariant):
         return (start, start) if start is not None else (self._lowest_start(), self._lowest_start())
 
 
+class SpareTheLargest(OrphansFirstJumpFill):
+    """Orphans first + jump fill, and a prompt that no range holds scatters sparing the largest range:
+    one piece of the next largest, then the lowest ranges, the largest last (it is the likeliest to hold
+    a later large prompt). Session 14, in scanning form; the kept policy since then."""
+
+    def _scatter(self, num_new):
+        ranges = sorted(self._starts.items(), key=lambda r: (r[0] - r[1], r[0]))   # largest, then lowest
+        order = [start for start, _ in ranges[1:2]]
+        order += sorted(start for start, _ in ranges[2:]) + [ranges[0][0]]
+        new_ids = []
+        for start in order:
+            n = min(self._starts[start] - start, num_new - len(new_ids))
+            if n <= 0:
+                break
+            new_ids.extend(range(start, start + n))
+            self._carve(start, start, start + n)
+        return new_ids
+
+
 class FullRoomWhenAmple(Session5Policy):
     """At low load, the left neighbour gets its whole worst-case growth as room when the range also holds
     the prompt and the prompt's own worst case (POOL: when the free pool holds every live request's
@@ -333,6 +353,7 @@ VARIANTS = {
     "scatter smallest first": (ScatterSmallestFirst, False),
     "orphans first (slack 4)": (OrphansFirst, False),
     "orphans first + jump fill": (OrphansFirstJumpFill, False),
+    "orphans first + jump fill + spare the largest": (SpareTheLargest, False),
     "full room when the range is ample": (FullRoomWhenAmple, False),
     "full room while the pool fits all": (type("FullRoomWhilePoolFits", (FullRoomWhenAmple,), {"POOL": True}), False),
     "two zones: prompts low and growth high": (TwoZonesGrow, False),

@@ -262,13 +262,29 @@ def test_contiguity_on_fragmented_pool():
     bm.free("r3")                           # holes of 4 at 4 and 12
     bm.allocate("x", toks(0, 12))           # fits a hole: one run
     assert bm.block_table("x") == [4, 5, 6]
-    bm.allocate("y", toks(0, 20))           # 5 blocks, largest range is 4: scatters
-    assert sorted(bm.block_table("y")) == [7, 12, 13, 14, 15]
-    assert bm.block_table("y") == [12, 13, 14, 15, 7]
+    bm.allocate("y", toks(0, 20))           # 5 blocks, largest range is 4: scatters, the largest last
+    assert bm.block_table("y") == [7, 12, 13, 14, 15]
     s = bm.stats()
     assert s["allocation_contiguity"] == pytest.approx(6 / 7)
     assert s["contiguity"] == pytest.approx((5 * 3 + 2 + 3) / (5 * 3 + 2 + 4))
     assert BlockManager(4, 4).stats()["contiguity"] == 1.0
+
+
+def test_a_scattering_prompt_spares_the_largest_range():
+    bm = BlockManager(20, 1)
+    for name, n in (("a", 4), ("b", 1), ("c", 6), ("d", 1), ("e", 4), ("f", 4)):
+        bm.allocate(name, toks(0, n))       # a [0, 4), b [4], c [5, 11), d [11], e [12, 16), f [16, 20)
+    for name in "ace":
+        bm.free(name)                       # free ranges of 4, 6 and 4 blocks
+    bm.allocate("x", toks(0, 7))            # no range holds 7: the 4 at 0, then the lowest others
+    assert bm.block_table("x") == [0, 1, 2, 3, 12, 13, 14]
+    bm.allocate("y", toks(0, 6))            # the 6-block range survived the scatter
+    assert bm.block_table("y") == [5, 6, 7, 8, 9, 10]
+    assert bm.stats()["allocation_contiguity"] == pytest.approx(5 / 6)
+    bm.free("x")
+    bm.allocate("z", toks(0, 6))            # two ranges of 4: the lower is spared, and used last
+    assert bm.block_table("z") == [12, 13, 14, 15, 0, 1]
+    assert bm.num_free_blocks == 2
 
 
 def test_scattered_is_a_plain_free_list():
