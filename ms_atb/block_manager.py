@@ -18,7 +18,10 @@ block before it is not a live request's last block.
   piece of the next largest, then the lowest ranges, sweeping up small holes, the largest last;
 - a growing request takes last + 1 when it is clean, else the lowest orphan of at most half
   its expected growth (a hole it will use up, not a large range split), else the lowest
-  orphan, else the lowest clean block: free space drifts upward and merges.
+  orphan, else the lowest clean block: free space drifts upward and merges. In such a small
+  hole, a request whose remaining max_tokens (in blocks) are at most its prompt's blocks takes
+  the hole's last block, not its first: the rest stays an orphan that every growing request
+  (and prompt) can fill, instead of becoming this request's room.
 Every call costs O(log n) in the number of blocks (amortised); nothing scans the pool.
 """
 from __future__ import annotations
@@ -39,10 +42,11 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class _Request:
-    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len")
+    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len", "num_prompt_blocks")
 
     def __init__(self, token_ids: list[int], max_tokens: int | None = None):
         self.block_ids: list[int] = []
+        self.num_prompt_blocks = 0   # blocks of the table once allocate() placed the prompt
         self.max_len = None if max_tokens is None else len(token_ids) + max_tokens
         self.token_ids = token_ids
         self.num_hashed = 0          # leading full blocks already visited by commit / hits
@@ -132,6 +136,7 @@ class BlockManager:
             req.num_hashed, req.last_hash = len(hits), hashes[len(hits) - 1]
         self._evict_for(num_new)
         new_ids = self._take_new(req, num_new)
+        req.num_prompt_blocks = len(req.block_ids)
         if self._contiguous:
             self._set_tail(req.block_ids[-1])
         self._requests[request_id] = req
@@ -302,12 +307,13 @@ class BlockManager:
             block = self._free_list.popleft()
             self._num_clean -= 1
         else:
-            block = last + 1
+            block = start = last + 1
             if block not in self._starts:   # jump; the block after last is held: no room left there
-                block = self._jump_target(req)
+                start = self._jump_target(req)
+                block = self._jump_block(req, start)
             self._tails.discard(last)
             self._tails.add(block)          # before the carve: the rest of the range is block's room
-            self._carve(block, block, block + 1)
+            self._carve(start, block, block + 1)
             self._owner[block] = req
         assert self._ref_counts[block] == 0
         self._ref_counts[block] = 1
@@ -329,6 +335,17 @@ class BlockManager:
         if start is None:
             start = self._orphans.lowest()
         return self._lowest_start() if start is None else start
+
+    def _jump_block(self, req: _Request, start: int) -> int:
+        """The block a jump takes in the range at start: its first, except in a jump-fill hole (an orphan
+        of at most half the expected growth) when the request's remaining max_tokens fit in as many
+        blocks as its prompt: then the hole's last block, so that the rest stays an orphan (not this
+        request's room) that every growing request and prompt can fill."""
+        size = self._orphans.size_of.get(start)
+        if size is None or size > max(1, self._growth_blocks(req) // 2) or req.max_len is None:
+            return start
+        worst = -(-max(0, req.max_len - len(req.token_ids)) // self._block_size)
+        return start + size - 1 if worst <= req.num_prompt_blocks else start
 
     def _set_tail(self, block: int) -> None:
         """block becomes a live request's last block: the range after it is that request's room."""

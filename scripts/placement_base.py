@@ -69,6 +69,9 @@ class Session5Policy(BlockManager):
         start = self._orphans.lowest()
         return self._lowest_start() if start is None else start
 
+    def _jump_block(self, req, start):
+        return start   # a jump takes its range's first block (until session 14)
+
     def _scatter(self, num_new):
         """No range fits: the largest range first, then the lowest ones (the scatter until session 14)."""
         new_ids = []

@@ -5,8 +5,8 @@ against, the one kept from session 5 to session 10 (`Session5Policy`, in placeme
 room a new prompt leaves the live request before it (`_left_room_divisor`), which range it takes
 (`_best_fit`), where it goes or scatters (`_take_new_contiguous`), or which block a growing request
 takes (`_grow`), or how a prompt that no range holds scatters (`_scatter`). "orphans first + jump fill"
-became the kept policy in session 11, and "... + spare the largest" (its scatter) in session 14; that
-variant is the scanning form the kept policy was measured in, and tests/test_placement_variants.py
+became the kept policy in session 11, and "... + spare the largest" (its scatter) and "... + share small
+holes" (a jump's block) in session 14; the last is the scanning form the kept policy was measured in, and tests/test_placement_variants.py
 checks that the two place every block alike.
 The classic baselines (plain best fit, first fit, the article's largest range) leave no room.
 Everything else, the workload included, is scripts/bench_block_manager.py's. Two variants are
@@ -236,6 +236,23 @@ class SpareTheLargest(OrphansFirstJumpFill):
         return new_ids
 
 
+class ShareSmallHoles(SpareTheLargest):
+    """... + spare the largest, and a jump into a jump-fill hole (an orphan of at most half the expected
+    growth) takes the hole's last block when the request's remaining max_tokens fit in as many blocks as
+    its prompt: the rest of the hole stays an orphan that every growing request and prompt can fill,
+    instead of becoming this request's room. Session 14, in scanning form; the kept policy since then."""
+
+    def _jump(self, req):
+        start, block = super()._jump(req)
+        if block == req.block_ids[-1] + 1 or start - 1 in self._tails or req.max_len is None:
+            return start, block
+        size = self._starts[start] - start
+        if size > max(1, self._growth_blocks(req) * 0.5):
+            return start, block
+        worst = -(-max(0, req.max_len - len(req.token_ids)) // self._block_size)
+        return (start, start + size - 1) if worst <= req.num_prompt_blocks else (start, block)
+
+
 class FullRoomWhenAmple(Session5Policy):
     """At low load, the left neighbour gets its whole worst-case growth as room when the range also holds
     the prompt and the prompt's own worst case (POOL: when the free pool holds every live request's
@@ -354,6 +371,7 @@ VARIANTS = {
     "orphans first (slack 4)": (OrphansFirst, False),
     "orphans first + jump fill": (OrphansFirstJumpFill, False),
     "orphans first + jump fill + spare the largest": (SpareTheLargest, False),
+    "... + spare the largest + share small holes": (ShareSmallHoles, False),
     "full room when the range is ample": (FullRoomWhenAmple, False),
     "full room while the pool fits all": (type("FullRoomWhilePoolFits", (FullRoomWhenAmple,), {"POOL": True}), False),
     "two zones: prompts low and growth high": (TwoZonesGrow, False),

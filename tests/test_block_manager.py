@@ -398,6 +398,20 @@ def test_left_room_is_at_most_half_of_what_the_range_leaves():
     assert bm.block_table("x") == [6, 7]
 
 
+def test_a_request_short_of_its_end_takes_the_top_of_a_small_hole():
+    bm = BlockManager(64, 4)
+    bm.allocate("h", toks(0, 8))                    # [0, 2)
+    bm.allocate("w", toks(0, 24))                   # [2, 8)
+    bm.allocate("a", toks(0, 40), max_tokens=36)    # [8, 18): at most 9 more blocks, fewer than its prompt's 10
+    bm.allocate("z", toks(0, 4))                    # [19]: a keeps [18] as room
+    bm.free("h")                                    # a 2-block hole nobody grows into
+    for t in range(8):
+        bm.append_token("a", t)                     # block 18, then blocked: expected growth 4, the hole is 2
+    # a takes the hole's last block, not its first: [0] stays an orphan anyone may fill
+    assert bm.block_table("a") == list(range(8, 19)) + [1]
+    assert bm._starts[0] == 1 and 0 in bm._orphans.size_of
+
+
 def test_a_blocked_request_jumps_into_a_small_hole_it_will_fill():
     bm = BlockManager(64, 4)
     bm.allocate("r0", toks(0, 32))                  # [0, 8)
