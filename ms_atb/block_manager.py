@@ -6,22 +6,7 @@ address (a lazy min-heap of starts). Cached free blocks (committed, refcount 0) 
 PrefixCache's LRU queue; they are evicted into the clean ranges only when the clean blocks
 cannot cover an allocation, so the cache is never traded for contiguity.
 
-Placement (measured with scripts/bench_block_manager.py and scripts/placement_variants.py;
-BENCHMARKS.md § Block manager). An "orphan" is a free range no live request grows into: the
-block before it is not a live request's last block.
-- a new prompt continues right after its cached prefix when that range has room, else takes,
-  among the ranges at most _FIT_SLACK blocks over the best fit, the lowest orphan, else the
-  lowest range; when a live request ends right before that range, the prompt starts 1/4 of that
-  request's expected growth (from its max_tokens) in, at most half of what the range leaves, so the
-  neighbour keeps some room and the rest is the prompt's own room to grow; with no fitting
-  range it scatters, sparing the largest range (the likeliest to hold a later large prompt): one
-  piece of the next largest, then the lowest ranges, sweeping up small holes, the largest last;
-- a growing request takes last + 1 when it is clean, else the lowest orphan of at most half
-  its expected growth (a hole it will use up, not a large range split), else the lowest
-  orphan, else the lowest clean block: free space drifts upward and merges. In such a small
-  hole, a request whose remaining max_tokens (in blocks) are at most its prompt's blocks takes
-  the hole's last block, not its first: the rest stays an orphan that every growing request
-  (and prompt) can fill, instead of becoming this request's room.
+Placement (contiguous allocation) is the PlacementPolicy mixin of ms_atb/placement_policy.py.
 Every call costs O(log n) in the number of blocks (amortised); nothing scans the pool.
 """
 from __future__ import annotations
@@ -31,10 +16,10 @@ from collections import deque
 from heapq import heappop, heappush
 
 from ms_atb.block_placement import OrphanIndex, SizeIndex
+from ms_atb.placement_policy import PlacementPolicy
 from ms_atb.prefix_cache import PrefixCache, hash_block
 
 _ALLOCATIONS = ("contiguous", "scattered")
-_FIT_SLACK = 4        # a range up to this many blocks over the best fit may be chosen for its address
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -53,9 +38,7 @@ class _Request:
         self.last_hash: bytes | None = None
 
 
-class BlockManager:
-    _left_room_divisor = 4  # a new prompt leaves the live request before it 1/4 of its expected growth
-
+class BlockManager(PlacementPolicy):
     def __init__(self, num_blocks: int, block_size: int = 16,
                  enable_prefix_caching: bool = False, allocation: str = "contiguous"):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
@@ -241,62 +224,6 @@ class BlockManager:
         req.block_ids.extend(new_ids)
         return new_ids
 
-    def _take_new_contiguous(self, req: _Request, num_new: int) -> list[int]:
-        table = req.block_ids
-        start = table[-1] + 1 if table else -1
-        lo = start
-        if not (start in self._starts and self._starts[start] - start >= num_new):
-            start = self._best_fit(num_new)
-            lo = None if start is None else self._first_block_in(start, num_new)
-        if start is not None:
-            self._carve(start, lo, lo + num_new)
-            return list(range(lo, lo + num_new))
-        return self._scatter(num_new)
-
-    def _scatter(self, num_new: int) -> list[int]:
-        """No range fits: spare the largest range (the likeliest to hold a later large prompt); one
-        piece of the next largest, then the lowest ranges; the largest only once all else is used up."""
-        by_size = self._by_size
-        spare = by_size.lowest_start(by_size.keys[-1])
-        spare_end = self._remove_range(spare)   # out of every index while the others are swept
-        new_ids = []
-        while len(new_ids) < num_new and self._starts:
-            s = self._lowest_start() if new_ids else by_size.lowest_start(by_size.keys[-1])
-            n = min(self._starts[s] - s, num_new - len(new_ids))
-            new_ids.extend(range(s, s + n))
-            self._carve(s, s, s + n)
-        self._insert_range(spare, spare_end)
-        if len(new_ids) < num_new:
-            n = num_new - len(new_ids)
-            new_ids.extend(range(spare, spare + n))
-            self._carve(spare, spare, spare + n)
-        return new_ids
-
-    def _first_block_in(self, start: int, num_new: int) -> int:
-        """Where num_new blocks go in the range at start: after a live request's tail, 1/4 of its
-        expected growth in (at most half of what the range leaves), so that it keeps room; else
-        at the start."""
-        if start - 1 not in self._tails:
-            return start
-        room = self._growth_blocks(self._owner[start - 1]) // self._left_room_divisor
-        return start + min(room, (self._starts[start] - start - num_new) // 2)
-
-    def _best_fit(self, num_new: int) -> int | None:
-        """Among the ranges at most _FIT_SLACK blocks over the best fit, the lowest orphan (it needs
-        no room for a neighbour), else the lowest range; None if no range fits."""
-        size = self._by_size.best_fit(num_new)
-        if size is None:
-            return None
-        start = self._orphans.by_size.lowest_between(size, size + _FIT_SLACK)
-        return self._by_size.lowest_between(size, size + _FIT_SLACK) if start is None else start
-
-    def _growth_blocks(self, req: _Request) -> int:
-        """Blocks req is expected to append still: half its remaining max_tokens, in blocks."""
-        if req.max_len is None:
-            return 0
-        expected = len(req.token_ids) + max(0, req.max_len - len(req.token_ids)) // 2
-        return max(0, -(-expected // self._block_size) - len(req.block_ids))
-
     def _grow(self, request_id: str, req: _Request) -> None:
         if self.num_free_blocks == 0:
             raise NoFreeBlocksError(f"request {request_id!r} needs a block, none free")
@@ -309,8 +236,7 @@ class BlockManager:
         else:
             block = start = last + 1
             if block not in self._starts:   # jump; the block after last is held: no room left there
-                start = self._jump_target(req)
-                block = self._jump_block(req, start)
+                start, block = self._jump_target(req)
             self._tails.discard(last)
             self._tails.add(block)          # before the carve: the rest of the range is block's room
             self._carve(start, block, block + 1)
@@ -327,25 +253,6 @@ class BlockManager:
         while heap[0] not in starts:
             heappop(heap)
         return heap[0]
-
-    def _jump_target(self, req: _Request) -> int:
-        """Where a request whose next block is held goes: the lowest orphan of at most half its
-        expected growth, else the lowest orphan, else the lowest range."""
-        start = self._orphans.lowest_at_most(max(1, self._growth_blocks(req) // 2))
-        if start is None:
-            start = self._orphans.lowest()
-        return self._lowest_start() if start is None else start
-
-    def _jump_block(self, req: _Request, start: int) -> int:
-        """The block a jump takes in the range at start: its first, except in a jump-fill hole (an orphan
-        of at most half the expected growth) when the request's remaining max_tokens fit in as many
-        blocks as its prompt: then the hole's last block, so that the rest stays an orphan (not this
-        request's room) that every growing request and prompt can fill."""
-        size = self._orphans.size_of.get(start)
-        if size is None or size > max(1, self._growth_blocks(req) // 2) or req.max_len is None:
-            return start
-        worst = -(-max(0, req.max_len - len(req.token_ids)) // self._block_size)
-        return start + size - 1 if worst <= req.num_prompt_blocks else start
 
     def _set_tail(self, block: int) -> None:
         """block becomes a live request's last block: the range after it is that request's room."""

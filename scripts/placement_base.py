@@ -1,4 +1,4 @@
-"""What every placement variant of scripts/placement_variants.py stands on (issue #2).
+"""What every placement variant of scripts/placement_catalogue.py stands on (issue #2).
 
 `Session5Policy` is the block manager's policy from session 5 to session 10, which the variants were
 measured against and which scripts/placement_lookahead.py rolls forward; the helpers read the
@@ -67,10 +67,8 @@ class Session5Policy(BlockManager):
 
     def _jump_target(self, req):
         start = self._orphans.lowest()
-        return self._lowest_start() if start is None else start
-
-    def _jump_block(self, req, start):
-        return start   # a jump takes its range's first block (until session 14)
+        start = self._lowest_start() if start is None else start
+        return start, start
 
     def _scatter(self, num_new):
         """No range fits: the largest range first, then the lowest ones (the scatter until session 14)."""

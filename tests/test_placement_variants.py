@@ -1,5 +1,5 @@
-"""scripts/placement_variants.py: every variant keeps the block manager's bookkeeping sound, and the kept
-policy is the variant it was measured as.
+"""scripts/placement_catalogue.py (run by placement_variants.py): every variant keeps the block manager's
+bookkeeping sound, and the kept policy is the variant it was measured as.
 
 The variants override private placement hooks; a variant that lost or double-counted a block
 would make its benchmark figures meaningless, so each one runs a short churn workload here and
@@ -8,6 +8,8 @@ the pool is checked block by block afterwards.
 import pytest
 
 from scripts_import import load_script
+
+from ms_atb.block_manager import BlockManager
 
 variants = load_script("placement_variants")
 bench = load_script("bench_block_manager")
@@ -50,7 +52,7 @@ def _check_pool(bm, r):
 
 
 def test_kept_policy_is_the_block_manager():
-    assert variants.VARIANTS["kept policy"][0] is variants.BlockManager
+    assert variants.VARIANTS["kept policy"][0] is BlockManager
 
 
 @pytest.mark.parametrize("mix", ["churn 16-1024/16-1024", "long-heavy 512-2048/256-1024"])
@@ -59,7 +61,7 @@ def test_block_manager_places_every_block_as_the_scanning_form_of_its_policy(mix
     # manager answers the same questions from its indexes: every table must come out the same
     for seed in (0, 1):
         adapters = [bench.OursAdapter("contiguous", 4096, 16, manager_cls=cls)
-                    for cls in (variants.BlockManager, variants.ShareSmallHoles)]
+                    for cls in (BlockManager, variants.VARIANTS["... + spare the largest + share small holes"][0])]
         runs = [bench.run_workload(a, bench.MIXES[mix], 1500, seed=seed) for a in adapters]
         kept, scan = (a.bm for a in adapters)
         assert {r: q.block_ids for r, q in kept._requests.items()} == {r: q.block_ids for r, q in scan._requests.items()}
