@@ -199,7 +199,7 @@ def _main(args) -> int:
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or e
             raise ValueError(f"--set {kv!r}: the value is not valid YAML ({problem})") from None
-    # Configuration and sampling fields are checked before the engine is built, prompts after.
+    # Every request is checked (configuration, sampling fields, prompts) before the engine is built.
     cfg = EngineConfig.load(args.config, **overrides)
     defaults = {k: v for k, v in vars(args).items()
                 if (k in SAMPLING_FLAGS or k in LIST_FLAGS or k == "ignore_eos") and v is not None}
@@ -237,7 +237,7 @@ def _main(args) -> int:
             reject(item, f"{where}: {e}")
             continue
         pending.append((item, where, params))
-    llm = LLM(args.config, **overrides)
+    llm = LLM._unbuilt(args.config, **overrides)    # tokenizer and limits: prompts are checked before the build
     requests = []
     for item, where, params in pending:
         try:
@@ -252,6 +252,7 @@ def _main(args) -> int:
                                              add_special_tokens=special))
         except ValueError as e:     # make_request names the request by its index; `where` names the line
             reject(item, f"{where}: {str(e).removeprefix(f'request {len(requests)}: ')}")
+    llm._build()
     rank0 = llm.rank == 0
     if rank0:
         skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""

@@ -29,10 +29,24 @@ class LLM:
 
     def __init__(self, model_or_config: Union[str, dict, None] = None, device: str | None = None,
                  **keywords):
-        from ms_atb.engine_loop import interrupts_raise
+        self._prepare(model_or_config, device, keywords)
+        self._build()
+
+    @classmethod
+    def _unbuilt(cls, model_or_config: Union[str, dict, None] = None, device: str | None = None,
+                 **keywords) -> "LLM":
+        """The engine without its model: make_request() and apply_chat_template() check requests against the
+        tokenizer, the vocabulary, max_model_len and the KV pool, so a bad batch is rejected before _build()
+        spends a minute compiling graphs (ms-atb-generate does this)."""
+        llm = cls.__new__(cls)
+        llm._prepare(model_or_config, device, keywords)
+        return llm
+
+    def _prepare(self, model_or_config, device, keywords) -> None:
+        """Everything but the model: config, tokenizer, KV pool size, scheduler."""
         from ms_atb.models.loader import load_config
         from ms_atb.models.parallel import validate_tp
-        from ms_atb.model_runner import ModelRunner, kv_cache_bytes_per_block
+        from ms_atb.model_runner import kv_cache_bytes_per_block
         from ms_atb.tokenizer import load_tokenizer
 
         if device is not None:                   # None: the config's context.device
@@ -70,8 +84,26 @@ class LLM:
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         if self.tokenizer is not None:      # a model may pad its vocabulary past the tokenizer's
             self.tokenizer.pad_to(self.model_config.vocab_size)
-        t0 = time.perf_counter()
         sc = cfg.scheduler
+        self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
+                              "max_num_batched_tokens": sc.max_num_batched_tokens}
+        self.scheduler = self.new_scheduler()
+        self.sampler = spmd_sampler(Sampler(), tp)
+        self._next_id = 0
+        self._run_stats: dict = {}
+        self._iterating = False                  # a generate_iter() is open
+        self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
+        self.runner = None                       # _build()
+        self.build_seconds = 0.0
+
+    def _build(self) -> None:
+        """Builds the model runner and compiles (or loads) its graphs."""
+        from ms_atb.engine_loop import interrupts_raise
+        from ms_atb.model_runner import ModelRunner
+
+        cfg, kv, sc = self.config, self.config.kv_cache, self.config.scheduler
+        tp = cfg.parallel.tensor_parallel_size
+        t0 = time.perf_counter()
         with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
             self.runner = ModelRunner(cfg.model.path, cfg.model.dtype, self.num_blocks, kv.block_size,
                                       sc.max_num_seqs, sc.max_num_batched_tokens, self.max_model_len,
@@ -84,14 +116,6 @@ class LLM:
             self._log(f"{stats['graphs']} graphs ready in {stats['seconds']:.1f} s; "
                       f"compile cache {stats['graph_cache']}{where}")
         self.build_seconds = time.perf_counter() - t0
-        self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
-                              "max_num_batched_tokens": sc.max_num_batched_tokens}
-        self.scheduler = self.new_scheduler()
-        self.sampler = spmd_sampler(Sampler(), tp)
-        self._next_id = 0
-        self._run_stats: dict = {}
-        self._iterating = False                  # a generate_iter() is open
-        self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
 
     # ---- public API -----------------------------------------------------------------------
     def get_tokenizer(self):
@@ -126,6 +150,8 @@ class LLM:
         if bad is not None:
             raise ValueError(f"generate_iter() runs a list of requests made by LLM.make_request(), got "
                              f"{type(bad).__name__}; generate() takes prompts")
+        if self.runner is None:
+            raise ValueError("this engine's model is not built yet (LLM._unbuilt): call _build() first")
         if self._iterating:     # one scheduler: a nested run would take the open run's requests as its own
             raise ValueError("this engine is already running a generate_iter(); finish or close it before "
                              "calling generate(), chat(), beam_search() or generate_iter() again")

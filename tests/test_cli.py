@@ -155,6 +155,30 @@ def test_bad_request_is_reported_before_any_work(tmp_path, capsys):
     assert not out.exists() or out.read_text() == ""
 
 
+def test_prompt_errors_are_reported_before_the_engine_is_built(tmp_path, capsys, monkeypatch):
+    import ms_atb.model_runner
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the engine was built before the prompts were checked")
+
+    monkeypatch.setattr(ms_atb.model_runner, "ModelRunner", no_build)
+    inp = tmp_path / "p.jsonl"
+    out = tmp_path / "o.jsonl"
+    args = ["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--max-tokens", "3",
+            "--set", "max_model_len=128", "--set", "max_num_batched_tokens=64"]
+    for line, message in [('{"id": "long", "prompt": ' + json.dumps(list(range(300))) + '}', "max_model_len"),
+                          ('{"id": "vocab", "prompt": [999999]}', "outside the vocabulary"),
+                          ('{"id": "chat", "messages": [{"role": "user"}]}', "messages")]:
+        inp.write_text('{"id": "ok", "prompt": [1, 2]}\n' + line + "\n")
+        assert main(args + ["--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert "p.jsonl:2 (id " in err and message in err, err
+    from ms_atb.llm import LLM
+    unbuilt = LLM._unbuilt(TINY)
+    with pytest.raises(ValueError, match="not built yet"):
+        unbuilt.generate([[1, 2]])
+
+
 def test_guided_choice_from_the_command_line_and_per_line(tmp_path):
     inp = tmp_path / "p.jsonl"
     inp.write_text('{"id": "flag", "prompt": [1, 2, 3]}\n'
