@@ -199,6 +199,9 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
     const int64_t ntok = std::min(j1 * BS, last_pos + 1) - base;
     bool consecutive = true;  // the span's blocks are one run of ids
     for (int64_t j = j0 + 1; consecutive && j < j1; ++j) consecutive = table[j] == table[j - 1] + 1;
+    // Every real row sees the whole span when it ends at or before the first query's position: no mask (the
+    // padding rows, whose queries are zero, are never written out).
+    const bool unmasked = base + ntok - 1 <= first_pos;
     for (int64_t r = 0; r < RP; ++r)
       valid[r] = r < RG ? static_cast<float>(std::min(ntok, first_pos + r / G - base + 1)) : 0.0f;
     for (int64_t g = 0; g < ng; ++g) {
@@ -212,11 +215,19 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
         mx[r] = m[r];
         sum[r] = 0.0f;
       }
-      for (int64_t t = 0; t < ntok; ++t) {
-        const float *srow = st + t * RP;
-        const float tf = static_cast<float>(t);
+      if (unmasked) {
+        for (int64_t t = 0; t < ntok; ++t) {
+          const float *srow = st + t * RP;
 #pragma omp simd
-        for (int64_t r = 0; r < RP; ++r) mx[r] = tf < valid[r] ? std::max(mx[r], srow[r]) : mx[r];
+          for (int64_t r = 0; r < RP; ++r) mx[r] = std::max(mx[r], srow[r]);
+        }
+      } else {
+        for (int64_t t = 0; t < ntok; ++t) {
+          const float *srow = st + t * RP;
+          const float tf = static_cast<float>(t);
+#pragma omp simd
+          for (int64_t r = 0; r < RP; ++r) mx[r] = tf < valid[r] ? std::max(mx[r], srow[r]) : mx[r];
+        }
       }
 #pragma omp simd
       for (int64_t r = 0; r < RP; ++r) {
@@ -224,14 +235,25 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
         alpha[r] = none ? 1.0f : ms_atb::ExpNonPositive(m[r] - mx[r]);
         m[r] = mx[r];
       }
-      for (int64_t t = 0; t < ntok; ++t) {
-        float *srow = st + t * RP;
-        const float tf = static_cast<float>(t);
+      if (unmasked) {
+        for (int64_t t = 0; t < ntok; ++t) {
+          float *srow = st + t * RP;
 #pragma omp simd
-        for (int64_t r = 0; r < RP; ++r) {
-          const float e = ms_atb::ExpNonPositive(srow[r] - mx[r]);
-          srow[r] = tf < valid[r] ? e : 0.0f;
-          sum[r] += srow[r];
+          for (int64_t r = 0; r < RP; ++r) {
+            srow[r] = ms_atb::ExpNonPositive(srow[r] - mx[r]);
+            sum[r] += srow[r];
+          }
+        }
+      } else {
+        for (int64_t t = 0; t < ntok; ++t) {
+          float *srow = st + t * RP;
+          const float tf = static_cast<float>(t);
+#pragma omp simd
+          for (int64_t r = 0; r < RP; ++r) {
+            const float e = ms_atb::ExpNonPositive(srow[r] - mx[r]);
+            srow[r] = tf < valid[r] ? e : 0.0f;
+            sum[r] += srow[r];
+          }
         }
       }
       for (int64_t r = 0; r < RG; ++r) {
