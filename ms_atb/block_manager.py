@@ -7,13 +7,15 @@ PrefixCache's LRU queue; they are evicted into the clean ranges only when the cl
 cannot cover an allocation, so the cache is never traded for contiguity.
 
 Placement (contiguous allocation) is the PlacementPolicy mixin of ms_atb/placement_policy.py.
+Each live request keeps a lazy heap of "homes", free blocks next to runs of its own blocks, pushed
+as free ranges appear beside them (_add_home) and checked when it is popped.
 Every call costs O(log n) in the number of blocks (amortised); nothing scans the pool.
 """
 from __future__ import annotations
 
 import numbers
 from collections import deque
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 
 from ms_atb.block_placement import OrphanIndex, SizeIndex
 from ms_atb.placement_policy import PlacementPolicy
@@ -27,7 +29,7 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class _Request:
-    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len", "num_prompt_blocks")
+    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len", "num_prompt_blocks", "homes")
 
     def __init__(self, token_ids: list[int], max_tokens: int | None = None):
         self.block_ids: list[int] = []
@@ -36,6 +38,9 @@ class _Request:
         self.token_ids = token_ids
         self.num_hashed = 0          # leading full blocks already visited by commit / hits
         self.last_hash: bytes | None = None
+        # (table position, 0 | 1, block): free blocks next to a run of this request's own blocks, 0 right after
+        # the run, 1 right below it (contiguous allocation; a lazy heap: PlacementPolicy._home checks each entry)
+        self.homes: list[tuple[int, int, int]] = []
 
 
 class BlockManager(PlacementPolicy):
@@ -63,6 +68,7 @@ class BlockManager(PlacementPolicy):
         self._orphans = OrphanIndex(num_blocks if self._contiguous else 0)
         self._tails: set[int] = set()                      # last block of every live request
         self._owner: list[_Request | None] = [None] * num_blocks if self._contiguous else []
+        self._pos: list[int] = [0] * num_blocks if self._contiguous else []   # a block's place in its owner's table
         self._free_list: deque[int] = deque()
         if self._contiguous:
             self._insert_range(0, num_blocks)
@@ -173,11 +179,10 @@ class BlockManager(PlacementPolicy):
         clean = []
         for b in reversed(table):  # tail first: within a request, tail blocks are evicted first
             self._ref_counts[b] -= 1
-            if self._ref_counts[b] == 0:
-                if self._contiguous:
-                    self._owner[b] = None
-                if not self._prefix.release(b):   # a cached block stays reusable until evicted
-                    clean.append(b)
+            if self._contiguous and self._owner[b] is req:   # a block shared by prefix hits outlives its owner
+                self._owner[b] = None
+            if self._ref_counts[b] == 0 and not self._prefix.release(b):   # a cached block stays until evicted
+                clean.append(b)
         self._release_clean(clean)
 
     def block_table(self, request_id: str) -> list[int]:
@@ -216,8 +221,12 @@ class BlockManager(PlacementPolicy):
             self._num_clean -= num_new
         else:
             new_ids = self._take_new_contiguous(req, num_new)
-            for b in new_ids:
-                self._owner[b] = req
+            owner, pos, starts, ends = self._owner, self._pos, self._starts, self._ends
+            for i, b in enumerate(new_ids, len(req.block_ids)):
+                owner[b] = req
+                pos[b] = i
+                if b in ends or b + 1 in starts:
+                    self._homes_beside(b)
         for b in new_ids:
             assert self._ref_counts[b] == 0
             self._ref_counts[b] = 1
@@ -239,8 +248,9 @@ class BlockManager(PlacementPolicy):
                 start, block = self._jump_target(req)
             self._tails.discard(last)
             self._tails.add(block)          # before the carve: the rest of the range is block's room
+            self._owner[block] = req        # and the range left below block is a home of req
+            self._pos[block] = len(table)
             self._carve(start, block, block + 1)
-            self._owner[block] = req
         assert self._ref_counts[block] == 0
         self._ref_counts[block] = 1
         table.append(block)
@@ -278,6 +288,28 @@ class BlockManager(PlacementPolicy):
             self._start_heap = sorted(self._starts)
         if start - 1 not in self._tails:
             self._orphans.add(start, end - start)
+            owner = self._owner
+            if start and owner[start - 1] is not None:   # the range continues a run of that owner's table
+                self._add_home(start - 1, 0, start)
+            if end < self._num_blocks and owner[end] is not None:   # an orphan right below a run of that owner's
+                self._add_home(end, 1, end - 1)
+        # (a range after a live request's tail is that request's room: no home for either neighbour)
+
+    def _homes_beside(self, b: int) -> None:
+        """b was just given to its owner, after the carve that left free ranges beside it: their homes."""
+        start = self._ends.get(b)
+        if start is not None and start - 1 not in self._tails:
+            self._add_home(b, 1, b - 1)
+        if b + 1 in self._starts and b not in self._tails:
+            self._add_home(b, 0, b + 1)
+
+    def _add_home(self, neighbour: int, kind: int, block: int) -> None:
+        owner = self._owner[neighbour]
+        homes = owner.homes
+        heappush(homes, (self._pos[neighbour], kind, block))
+        if len(homes) > 2 * len(owner.block_ids) + 16:   # drop stale entries; amortised O(1) per push
+            homes[:] = [h for h in homes if self._home_at(owner, *h) is not None]
+            heapify(homes)
 
     def _remove_range(self, start: int) -> int:
         end = self._starts.pop(start)

@@ -88,8 +88,9 @@ class Session5Policy(BlockManager):
 def _take_one(bm, req, start, block):
     """Give req the clean block `block`, cut from the range that begins at `start`."""
     last = req.block_ids[-1]
-    bm._carve(start, block, block + 1)
     bm._owner[block] = req
+    bm._pos[block] = len(req.block_ids)
+    bm._carve(start, block, block + 1)
     bm._untail(last)
     bm._set_tail(block)
     bm._ref_counts[block] = 1

@@ -5,9 +5,10 @@ against, the one kept from session 5 to session 10 (`Session5Policy`, in placeme
 room a new prompt leaves the live request before it (`_left_room_divisor`), which range it takes
 (`_best_fit`), where it goes or scatters (`_take_new_contiguous`), or which block a growing request
 takes (`_grow`), or how a prompt that no range holds scatters (`_scatter`). "orphans first + jump fill"
-became the kept policy in session 11, and "... + spare the largest" (its scatter) and "... + share small
-holes" (a jump's block) in session 14; the last is the scanning form the kept policy was measured in,
-and tests/test_placement_variants.py checks that the two place every block alike.
+became the kept policy in session 11, "... + spare the largest" (its scatter) and "... + share small
+holes" (a jump's block) in session 14, and "... + go home" (a jump next to the request's own blocks) in
+session 15; the last is the scanning form the kept policy was measured in, and
+tests/test_placement_variants.py checks that the two place every block alike.
 The classic baselines (plain best fit, first fit, the article's largest range) leave no room.
 Everything else, the workload included, is scripts/bench_block_manager.py's. Two variants are
 oracles: the workload tells the manager how many tokens each request will really generate
@@ -246,6 +247,26 @@ class ShareSmallHoles(SpareTheLargest):
         return (start, start + size - 1) if worst <= req.num_prompt_blocks else (start, block)
 
 
+class GrowHome(ShareSmallHoles):
+    """... + share small holes, and a blocked growing request first goes home: the first free block, in table
+    order, next to a run of consecutive ids of its own table (blocks placed for it), right after the run (the
+    start of a free range) or else right below it (the last block of a range nobody grows into, ending there);
+    else the jump above. Its blocks stay together and come back as one range when it is freed. Session 15 (a
+    helper's "HomeJumpBelow"), in scanning form; the kept policy since then."""
+
+    def _jump(self, req):
+        table = req.block_ids
+        if table[-1] + 1 not in self._starts:
+            for i, b in enumerate(table):
+                if self._owner[b] is not req:
+                    continue
+                if i + 1 < len(table) and table[i + 1] != b + 1 and b + 1 in self._starts:
+                    return b + 1, b + 1
+                if (i == 0 or table[i - 1] != b - 1) and b in self._ends and self._ends[b] - 1 not in self._tails:
+                    return self._ends[b], b - 1
+        return super()._jump(req)
+
+
 class FullRoomWhenAmple(Session5Policy):
     """At low load, the left neighbour gets its whole worst-case growth as room when the range also holds
     the prompt and the prompt's own worst case (POOL: when the free pool holds every live request's
@@ -365,6 +386,7 @@ VARIANTS = {
     "orphans first + jump fill": (OrphansFirstJumpFill, False),
     "orphans first + jump fill + spare the largest": (SpareTheLargest, False),
     "... + spare the largest + share small holes": (ShareSmallHoles, False),
+    "... + share small holes + go home": (GrowHome, False),
     "full room when the range is ample": (FullRoomWhenAmple, False),
     "full room while the pool fits all": (type("FullRoomWhilePoolFits", (FullRoomWhenAmple,), {"POOL": True}), False),
     "two zones: prompts low and growth high": (TwoZonesGrow, False),

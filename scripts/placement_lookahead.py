@@ -71,10 +71,11 @@ class PlacedManager(Session5Policy):
             c = _Request.__new__(_Request)
             c.block_ids, c.token_ids = r.block_ids[:], r.token_ids[:]
             c.num_hashed, c.last_hash, c.max_len = r.num_hashed, r.last_hash, r.max_len
+            c.num_prompt_blocks, c.homes = r.num_prompt_blocks, r.homes[:]
             copies[id(r)] = c
         new._requests = {rid: copies[id(r)] for rid, r in self._requests.items()}
         new._owner = [None if o is None else copies[id(o)] for o in self._owner]
-        new._ref_counts = self._ref_counts[:]
+        new._ref_counts, new._pos = self._ref_counts[:], self._pos[:]
         new._starts, new._ends = dict(self._starts), dict(self._ends)
         new._by_size = _copy_size_index(self._by_size)
         orphans = new._orphans = copy.copy(self._orphans)

@@ -412,6 +412,23 @@ def test_a_request_short_of_its_end_takes_the_top_of_a_small_hole():
     assert bm._starts[0] == 1 and 0 in bm._orphans.size_of
 
 
+def test_a_jumping_request_goes_home_next_to_its_own_blocks():
+    bm = BlockManager(10, 1)
+    for r in "abcd":
+        bm.allocate(r, [1, 1])
+    assert [bm.block_table(r) for r in "abcd"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    bm.append_token("a", 1)                         # 2 is b's: a jumps to [8, 10), whose rest is its room
+    bm.free("b")                                    # [2, 4): right after a's first run, right below c's
+    bm.append_token("c", 1)                         # 6 is d's: c takes the top of the hole, below its own run
+    assert bm.block_table("c") == [4, 5, 3]
+    bm.append_token("a", 1)                         # 9, its room
+    bm.append_token("a", 1)                         # a takes 2, right after its own first run
+    assert bm.block_table("a") == [0, 1, 8, 9, 2]
+    bm.free("a")                                    # its blocks come back as two ranges, not three
+    assert bm.allocate("e", [1, 1, 1]) == 0 and bm.block_table("e") == [0, 1, 2]
+    assert bm.stats()["allocation_contiguity"] == 1.0
+
+
 def test_a_blocked_request_jumps_into_a_small_hole_it_will_fill():
     bm = BlockManager(64, 4)
     bm.allocate("r0", toks(0, 32))                  # [0, 8)
