@@ -29,7 +29,8 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class _Request:
-    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len", "num_prompt_blocks", "homes")
+    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len", "num_prompt_blocks", "homes",
+                 "homes_cap")
 
     def __init__(self, token_ids: list[int], max_tokens: int | None = None):
         self.block_ids: list[int] = []
@@ -41,6 +42,7 @@ class _Request:
         # (table position, 0 | 1, block): free blocks next to a run of this request's own blocks, 0 right after
         # the run, 1 right below it (contiguous allocation; a lazy heap: PlacementPolicy._home checks each entry)
         self.homes: list[tuple[int, int, int]] = []
+        self.homes_cap = 16          # entries past which the stale ones are dropped
 
 
 class BlockManager(PlacementPolicy):
@@ -307,9 +309,10 @@ class BlockManager(PlacementPolicy):
         owner = self._owner[neighbour]
         homes = owner.homes
         heappush(homes, (self._pos[neighbour], kind, block))
-        if len(homes) > 2 * len(owner.block_ids) + 16:   # drop stale entries; amortised O(1) per push
+        if len(homes) > owner.homes_cap:   # drop stale entries; amortised O(1) per push
             homes[:] = [h for h in homes if self._home_at(owner, *h) is not None]
             heapify(homes)
+            owner.homes_cap = 2 * len(homes) + 16
 
     def _remove_range(self, start: int) -> int:
         end = self._starts.pop(start)

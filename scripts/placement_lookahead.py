@@ -71,7 +71,7 @@ class PlacedManager(Session5Policy):
             c = _Request.__new__(_Request)
             c.block_ids, c.token_ids = r.block_ids[:], r.token_ids[:]
             c.num_hashed, c.last_hash, c.max_len = r.num_hashed, r.last_hash, r.max_len
-            c.num_prompt_blocks, c.homes = r.num_prompt_blocks, r.homes[:]
+            c.num_prompt_blocks, c.homes, c.homes_cap = r.num_prompt_blocks, r.homes[:], r.homes_cap
             copies[id(r)] = c
         new._requests = {rid: copies[id(r)] for rid, r in self._requests.items()}
         new._owner = [None if o is None else copies[id(o)] for o in self._owner]
