@@ -1,12 +1,11 @@
-"""LLM: the front door. Validates requests, runs the schedule -> model -> sample -> update loop."""
+"""LLM: the front door. Builds the engine and runs the schedule -> model -> sample -> update loop over
+requests that ms_atb/request_validation.py has checked."""
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
 from typing import Iterator, Sequence as Seq, Union
-
-import numpy as np
 
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
 from ms_atb.distributed import init_distributed, spmd_sampler
@@ -15,13 +14,11 @@ from ms_atb.outputs import RequestOutput
 from ms_atb.sampler import Sampler
 from ms_atb.sampling_params import SamplingParams
 from ms_atb.request import Request
+from ms_atb.request_validation import Prompt, RequestValidation
 from ms_atb.scheduler import Scheduler
 
-# text, token ids (a list, tuple or 1-D integer array), or vLLM's {"prompt": text} / {"prompt_token_ids": ids}
-Prompt = Union[str, list[int], tuple[int, ...], np.ndarray, dict]
 
-
-class LLM:
+class LLM(RequestValidation):
     """llm = LLM("configs/smollm2_135m.yaml", device="cpu", enable_prefix_caching=True)
 
     The first argument is a YAML config, an HF directory or a GGUF file; every config leaf may be
@@ -236,112 +233,6 @@ class LLM:
         out.update({k: v for k, v in self._run_stats.items() if not k.startswith("kv_")})
         return out
 
-    # ---- request validation -----------------------------------------------------------------
-    def _make_requests(self, prompts, sampling_params, add_special_tokens: bool = True) -> list[Request]:
-        if isinstance(prompts, np.ndarray) and prompts.ndim in (1, 2):
-            prompts = [prompts] if prompts.ndim == 1 else list(prompts)     # one prompt, or one per row
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and all(_is_int(t) for t in prompts)):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a list of token ids (or a 1-D integer array), a "
-                             f"{{'prompt' | 'prompt_token_ids': ...}} dict, or a list of those (or a 2-D integer "
-                             f"array, one prompt per row); got {type(prompts).__name__}")
-        if sampling_params is None:
-            sampling_params = self.default_sampling_params()
-        if isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        elif not isinstance(sampling_params, (list, tuple)) or len(sampling_params) != len(prompts) \
-                or not all(isinstance(p, SamplingParams) for p in sampling_params):
-            raise ValueError(f"sampling_params must be one SamplingParams or a list of {len(prompts)} "
-                             f"(one per prompt)")
-        checked = set()
-        for i, sp in enumerate(sampling_params):    # fields may have been changed since construction
-            if id(sp) not in checked:
-                checked.add(id(sp))
-                try:
-                    sp.validate()
-                except ValueError as e:
-                    raise ValueError(f"request {i}: {e}") from None
-        return [self.make_request(p, sp, i, add_special_tokens=add_special_tokens)
-                for i, (p, sp) in enumerate(zip(prompts, sampling_params))]
-
-    def make_request(self, prompt: Prompt, params: SamplingParams, index: int,
-                     request_id: str | None = None, add_special_tokens: bool = True) -> Request:
-        """Validates one request; ValueError naming its index."""
-        try:
-            if isinstance(prompt, dict):
-                keys = sorted(prompt)
-                if keys not in (["prompt"], ["prompt_token_ids"]):
-                    raise ValueError(f"a dict prompt has exactly one key, 'prompt' (text) or 'prompt_token_ids', "
-                                     f"got {keys}")
-                prompt = prompt[keys[0]]
-                if isinstance(prompt, str) != (keys[0] == "prompt"):
-                    raise ValueError(f"'{keys[0]}' must be {'a string' if keys[0] == 'prompt' else 'token ids'}")
-            if isinstance(prompt, str):
-                if not prompt:
-                    raise ValueError("the prompt is empty")
-                if self.tokenizer is None:
-                    raise ValueError("this model has no tokenizer: pass token ids")
-                ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-                text = prompt
-            elif isinstance(prompt, (list, tuple)) or (isinstance(prompt, np.ndarray) and prompt.ndim == 1):
-                if not all(_is_int(t) for t in prompt):
-                    raise ValueError("a token-id prompt must be a list of ints")
-                ids, text = [int(t) for t in prompt], None
-            else:
-                raise ValueError(f"a prompt must be a string or a list of token ids (or a 1-D integer "
-                                 f"array), got {type(prompt).__name__}")
-            if not ids:
-                raise ValueError("the prompt is empty")
-            if params.truncate_prompt_tokens is not None:
-                ids = ids[-params.truncate_prompt_tokens:]       # the last K tokens, as in vLLM
-            vocab = self.model_config.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-            named = [t for t in params.token_ids_used if t >= vocab]
-            if named:
-                raise ValueError(f"token id {named[0]} in the sampling parameters (stop_token_ids, "
-                                 f"logit_bias, allowed_token_ids) is outside the vocabulary [0, {vocab})")
-            if params.max_tokens is None:           # as many as max_model_len (and the KV pool) leave
-                room = self.scheduler.max_output_tokens(len(ids))
-                if room < 1:
-                    raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room to generate within "
-                                     f"max_model_len {self.max_model_len} and the KV pool")
-                params = dataclasses.replace(params, max_tokens=room)
-            self.scheduler.check(len(ids), params.max_tokens)
-            guide, bad_words_ids = self._text_constraints(params)
-        except ValueError as e:
-            raise ValueError(f"request {index}: {e}") from None
-        if request_id is None:
-            request_id = f"req-{self._next_id}"
-            self._next_id += 1
-        return Request(request_id, index, text, ids, params, guide, bad_words_ids)
-
-    def _text_constraints(self, params: SamplingParams) -> tuple[ChoiceGuide | None, list[tuple[int, ...]]]:
-        """The guide of params.guided_choice and the token sequences of params.bad_words (each word as
-        encoded alone and after a space, as in vLLM)."""
-        if params.guided_choice is None and params.bad_words is None:
-            return None, []
-        if self.tokenizer is None:
-            raise ValueError("guided_choice and bad_words need a tokenizer; this model has none")
-        guide = None
-        if params.guided_choice is not None:      # one guide (and its cache of allowed tokens) per choice list
-            key = tuple(params.guided_choice)
-            guide = self._guides.get(key)
-            if guide is None:
-                if len(self._guides) >= 256:
-                    self._guides.clear()
-                guide = self._guides[key] = ChoiceGuide(params.guided_choice, self.tokenizer)
-        sequences = {}
-        for word in params.bad_words or ():
-            for text in (word, " " + word.lstrip()):
-                ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-                if ids:
-                    sequences[ids] = None
-        return guide, list(sequences)
-
     def new_scheduler(self) -> Scheduler:
         """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""
         kv, sc = self.config.kv_cache, self.config.scheduler
@@ -401,6 +292,3 @@ def _available_memory() -> int | None:
         pass
     return None
 
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
