@@ -211,12 +211,52 @@ def main(argv=None) -> int:
     if compare and len(results) == 3:
         print("\n".join(notes(results, ttfts, model, device, budget, bs, args)))
         print()
+        print("\n".join(article_check_lines(args.prefix_len // bs * bs, max_model_len)))
+        print()
     if args.setting == "llama2-7b-atlas":
         print("\n".join(kv_70b_lines()))
         print()
     print(f"(simulated {sum(r.num_steps for r in results.values()):,} steps in "
           f"{time.perf_counter() - started:.1f} s wall, {time.process_time() - cpu0:.1f} s CPU)")
     return 0
+
+
+def article_check_lines(shared: int, max_model_len: int) -> list[str]:
+    """The article's three rows checked against one another, with no simulation: static pre-allocation of
+    max_model_len tokens per request sets the pool; utilisation is read as tokens held / KV pool, the
+    reading under which its static and paged rows describe the same requests; storing the shared prefix
+    (its whole blocks: `shared` tokens) once must then account for the prefix row's 30."""
+    (cs, us, _), (cp, up, _), (cx, ux, _) = ARTICLE["static"], ARTICLE["paged"], ARTICLE["prefix"]
+    pool_tokens = cs * max_model_len
+    held_static = us * max_model_len                   # static reserves max_model_len per request
+    held = up * pool_tokens / cp                       # tokens a running request holds (paged row)
+    if not 0 < shared < held:
+        return [f"(The check of the article's rows needs a shared prefix of 1..{held:.0f} whole-block tokens, "
+                f"got {shared}.)"]
+    stored = ux * pool_tokens                          # physical tokens at the prefix row
+    saved = cx * held - stored                         # = (requests sharing - 1) x shared
+    sharers = saved / shared + 1
+    every = (stored - shared) / (held - shared)        # the prompt's whole blocks in every request
+    top = 1.2 * cx                                     # within 20% of the article's prefix row
+    pool_needed = (top - 1) * shared / (top * up / cp - ux)
+    return [
+        "The article's rows against one another (arithmetic, no simulation; utilisation read as tokens held / "
+        "KV pool, the reading under which its static and paged rows describe the same requests):",
+        f"- static: {us:.0%} of {max_model_len:,} = {held_static:,.0f} tokens held per running request; paged: "
+        f"{up:.0%} of the {pool_tokens:,.0f}-token pool / {cp} = {held:,.0f} ({abs(held / held_static - 1):.0%} apart).",
+        f"- prefix: {ux:.0%} of the pool is {stored:,.0f} tokens stored for {cx} requests that hold {cx} x "
+        f"{held:,.0f} = {cx * held:,.0f}: storing shared blocks once saved {saved:,.0f} tokens, what {shared} "
+        f"prefix tokens shared by {sharers:.0f} of the {cx} requests save (or {saved / (cx - 1):.0f} tokens "
+        f"shared by all): {sharers / cx:.0%} of the requests sharing (the notes above estimate the same fraction "
+        f"from the simulator's own rows).",
+        f"- with the {shared} whole-block tokens of the system prompt in every request (the article's example), "
+        f"the same {ux:.0%} holds ({stored:,.0f} - {shared}) / ({held:,.0f} - {shared}) = {every:.1f} requests, "
+        f"{every / cx:.2f}x the article's {cx}. At most {top:.0f} (within 20%) would need a pool of "
+        f"{pool_needed:,.0f} tokens or more, where static pre-allocation would hold "
+        f"{pool_needed / max_model_len:.0f} requests at max_model_len {max_model_len:,}, not {cs} (keeping {cs}, "
+        f"max_model_len would be {pool_needed / cs:,.0f} or more): at the article's sequence length no workload "
+        f"with that prompt in every request matches all three rows.",
+    ]
 
 
 def notes(results, ttfts, model: ModelShape, device: Device, budget: float, bs: int, args) -> list[str]:

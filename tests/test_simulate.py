@@ -154,3 +154,19 @@ def test_simulate_rejects_bad_arguments_with_a_message(args, message):
     run = subprocess.run([sys.executable, str(SCRIPTS / "simulate.py"), *args], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode != 0 and re.search(message, run.stderr) and "Traceback" not in run.stderr, run.stderr
+
+
+def test_article_rows_checked_against_one_another():
+    mod = load_script("simulate")
+    text = "\n".join(mod.article_check_lines(992, 4096))
+    # pool 12 x 4,096 = 49,152 tokens; paged: 0.88 x 49,152 / 24 = 1,802 held per request
+    assert "1,843 tokens held" in text and "/ 24 = 1,802" in text
+    # 0.92 x 49,152 = 45,220 stored; 30 x 1,802.24 - 45,219.84 = 8,847 saved = 992 x (sharers - 1)
+    assert "45,220 tokens stored" in text and "saved 8,847 tokens" in text and "shared by 10 of the 30" in text
+    # every request sharing: (45,219.84 - 992) / (1,802.24 - 992) = 54.6; <= 36 needs 35 x 992 / 0.4 = 86,800
+    assert "= 54.6 requests, 1.82x" in text and "86,800 tokens" in text and "hold 21 requests" in text
+    assert "max_model_len would be 7,233" in text
+    # A smaller prefix changes the answer the same way; a prefix no request could share is refused.
+    assert "= 48.9 requests" in "\n".join(mod.article_check_lines(896, 4096))  # 44,323.84 / 906.24
+    assert "needs a shared prefix" in mod.article_check_lines(0, 4096)[0]
+    assert "needs a shared prefix" in mod.article_check_lines(1840, 4096)[0]
