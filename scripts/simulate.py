@@ -241,7 +241,8 @@ def article_check_lines(shared: int, max_model_len: int) -> list[str]:
     pool_needed = (top - 1) * shared / (top * up / cp - ux)
     return [
         "The article's rows against one another (arithmetic, no simulation; utilisation read as tokens held / "
-        "KV pool, the reading under which its static and paged rows describe the same requests):",
+        "KV pool, the reading under which its static and paged rows describe the same requests; tokens held / "
+        "slots reserved gives the same figures if the pool is all reserved at the maximum concurrency):",
         f"- static: {us:.0%} of {max_model_len:,} = {held_static:,.0f} tokens held per running request; paged: "
         f"{up:.0%} of the {pool_tokens:,.0f}-token pool / {cp} = {held:,.0f} ({abs(held / held_static - 1):.0%} apart).",
         f"- prefix: {ux:.0%} of the pool is {stored:,.0f} tokens stored for {cx} requests that hold {cx} x "
