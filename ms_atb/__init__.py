@@ -5,7 +5,7 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "BeamSe
 
 
 def __getattr__(name):
-    # Lazy, so that `import ms_atb.block_manager` does not import MindSpore.
+    # Lazy, so that `import ms_atb.core.block_manager` does not import MindSpore.
     if name == "LLM":
         from ms_atb.llm import LLM
         return LLM

@@ -9,11 +9,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
+from ms_atb.text.detokenizer import IncrementalDetokenizer, find_stop
 from ms_atb.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ms_atb.request import Request
-from ms_atb.sampler import rows_logprobs, token_logprobs
-from ms_atb.sequence import Sequence, SequenceStatus
+from ms_atb.worker.sampler import rows_logprobs, token_logprobs
+from ms_atb.core.sequence import Sequence, SequenceStatus
 
 
 class _Tracked:

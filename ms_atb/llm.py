@@ -1,5 +1,5 @@
 """LLM: the front door. Builds the engine and runs the schedule -> model -> sample -> update loop over
-requests that ms_atb/request_validation.py has checked."""
+requests that ms_atb/request_builder.py has checked."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,14 +8,14 @@ import time
 from typing import Iterator, Sequence as Seq, Union
 
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
-from ms_atb.distributed import init_distributed, spmd_sampler
-from ms_atb.guided_choice import ChoiceGuide
+from ms_atb.worker.distributed import init_distributed, spmd_sampler
+from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.outputs import RequestOutput
-from ms_atb.sampler import Sampler
+from ms_atb.worker.sampler import Sampler
 from ms_atb.sampling_params import SamplingParams
 from ms_atb.request import Request
-from ms_atb.request_validation import Prompt, RequestValidation
-from ms_atb.scheduler import Scheduler
+from ms_atb.request_builder import Prompt, RequestValidation
+from ms_atb.core.scheduler import Scheduler
 
 
 class LLM(RequestValidation):
@@ -43,8 +43,8 @@ class LLM(RequestValidation):
         """Everything but the model: config, tokenizer, KV pool size, scheduler."""
         from ms_atb.models.loader import load_config
         from ms_atb.models.parallel import validate_tp
-        from ms_atb.model_runner import kv_cache_bytes_per_block
-        from ms_atb.tokenizer import load_tokenizer
+        from ms_atb.worker.model_runner import kv_cache_bytes_per_block
+        from ms_atb.text.tokenizer import load_tokenizer
 
         if device is not None:                   # None: the config's context.device
             keywords["device"] = device
@@ -96,7 +96,7 @@ class LLM(RequestValidation):
     def _build(self) -> None:
         """Builds the model runner and compiles (or loads) its graphs."""
         from ms_atb.engine_loop import interrupts_raise
-        from ms_atb.model_runner import ModelRunner
+        from ms_atb.worker.model_runner import ModelRunner
 
         cfg, kv, sc = self.config, self.config.kv_cache, self.config.scheduler
         tp = cfg.parallel.tensor_parallel_size

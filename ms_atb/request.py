@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ms_atb.guided_choice import ChoiceGuide
+from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.sampling_params import SamplingParams
 
 

@@ -56,7 +56,7 @@ class NoBlocks(Exception):
 
 class OursAdapter:
     def __init__(self, allocation: str, num_blocks: int, block_size: int, manager_cls=None):
-        from ms_atb.block_manager import BlockManager, NoFreeBlocksError
+        from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
         self.bm = (manager_cls or BlockManager)(num_blocks, block_size, allocation=allocation)
         self.error = NoFreeBlocksError
 
@@ -177,7 +177,7 @@ HEADER = (f"{'policy':<24} {'alloc µs med/mean':<16} {'append µs':<13} {'free 
 
 
 def scaling_line() -> str:
-    from ms_atb.block_manager import BlockManager
+    from ms_atb.core.block_manager import BlockManager
     out = []
     for n in (1_000, 100_000):
         bm = BlockManager(n, 16)

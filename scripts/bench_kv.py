@@ -207,7 +207,7 @@ def main() -> None:
     # The arithmetic floor of the ratio: prefill FLOPs of each next request over the first's (cost_model.py:
     # linears per token, attention per (query, context) pair), i.e. the ratio an engine running every
     # matmul and attention at one speed would measure.
-    from ms_atb.cost_model import THIS_CPU, CostModel, ModelShape
+    from ms_atb.sim.cost_model import THIS_CPU, CostModel, ModelShape
     cm = CostModel(ModelShape.from_config(llm.model_config, 4), THIS_CPU)
 
     def flops(computed, prompt):

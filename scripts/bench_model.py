@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import mindspore as ms
 import numpy as np
 
-from ms_atb.model_runner import ModelRunner
+from ms_atb.worker.model_runner import ModelRunner
 from script_args import require_at_least
 
 

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
-from ms_atb.distributed import init_distributed
-from ms_atb.model_runner import ModelRunner
+from ms_atb.worker.distributed import init_distributed
+from ms_atb.worker.model_runner import ModelRunner
 
 model = sys.argv[1]
 tp = int(os.environ.get("MS_WORKER_NUM", "1"))

@@ -14,7 +14,7 @@ from bisect import bisect_left
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ms_atb.block_manager import BlockManager, NoFreeBlocksError  # noqa: E402
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError  # noqa: E402
 
 
 def _fits(bm, n):

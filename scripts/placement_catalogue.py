@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from placement_base import (Session5Policy, _fits, _growth_blocks, _GrowVariant, _max_growth,  # noqa: E402
                             _near_fits, _smallest_at_least)
-from ms_atb.block_manager import BlockManager  # noqa: E402
+from ms_atb.core.block_manager import BlockManager  # noqa: E402
 
 
 class NoLeftRoom(Session5Policy):

@@ -37,8 +37,8 @@ from bench_block_manager import MIXES  # noqa: E402
 from placement_base import Session5Policy  # noqa: E402
 from script_args import require_at_least, seed_range  # noqa: E402
 
-from ms_atb.block_manager import NoFreeBlocksError, _Request  # noqa: E402
-from ms_atb.block_placement import SizeIndex  # noqa: E402
+from ms_atb.core.block_manager import NoFreeBlocksError, _Request  # noqa: E402
+from ms_atb.core.free_ranges import SizeIndex  # noqa: E402
 
 
 def _copy_size_index(index: SizeIndex) -> SizeIndex:

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_model import make_step, smollm2_path  # noqa: E402
 from script_args import require_at_least  # noqa: E402
 
-from ms_atb.model_runner import ModelRunner  # noqa: E402
+from ms_atb.worker.model_runner import ModelRunner  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Capacity planning without the hardware: how many concurrent requests will an Ascend card hold?
 
-Drives the real Scheduler and BlockManager with a roofline cost model (ms_atb/cost_model.py) in place
+Drives the real Scheduler and BlockManager with a roofline cost model (ms_atb/sim/cost_model.py) in place
 of the model, for static pre-allocation, paged KV, and paged + prefix caching, and prints the rows
 beside the article's table (Atlas 800I A2, Llama2-7B fp16). Every constant is stated in the output.
 
@@ -15,9 +15,9 @@ import statistics
 import sys
 import time
 
-from ms_atb.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, SMOLLM2_135M, THIS_CPU,
+from ms_atb.sim.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, SMOLLM2_135M, THIS_CPU,
                                CostModel, Device, GiB, MiB, ModelShape)
-from ms_atb.simulator import (MODES, Workload, output_len_for_static_utilisation, simulate,
+from ms_atb.sim.simulator import (MODES, Workload, output_len_for_static_utilisation, simulate,
                               ttft_one_by_one)
 from script_args import require_at_least
 

@@ -3,7 +3,7 @@ import sys
 import numpy as np
 import pytest
 
-from ms_atb.block_manager import BlockManager, NoFreeBlocksError
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
 
 
 def toks(start, n):

@@ -4,8 +4,8 @@ from collections import Counter
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ms_atb.block_manager import BlockManager, NoFreeBlocksError, hash_block
-from ms_atb.block_placement import OrphanIndex, SizeIndex
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError, hash_block
+from ms_atb.core.free_ranges import OrphanIndex, SizeIndex
 
 BS = 4
 NUM_BLOCKS = 12

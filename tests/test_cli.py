@@ -156,12 +156,12 @@ def test_bad_request_is_reported_before_any_work(tmp_path, capsys):
 
 
 def test_prompt_errors_are_reported_before_the_engine_is_built(tmp_path, capsys, monkeypatch):
-    import ms_atb.model_runner
+    import ms_atb.worker.model_runner
 
     def no_build(*args, **kwargs):
         raise AssertionError("the engine was built before the prompts were checked")
 
-    monkeypatch.setattr(ms_atb.model_runner, "ModelRunner", no_build)
+    monkeypatch.setattr(ms_atb.worker.model_runner, "ModelRunner", no_build)
     inp = tmp_path / "p.jsonl"
     out = tmp_path / "o.jsonl"
     args = ["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--max-tokens", "3",

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ms_atb.graph_cache import GraphCache, cache_key, files_identity, sweep_dead_temps
+from ms_atb.worker.graph_cache import GraphCache, cache_key, files_identity, sweep_dead_temps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -69,7 +69,7 @@ def test_off_without_a_directory():
 
 
 def test_bad_cache_paths_are_value_errors(tmp_path, monkeypatch):
-    from ms_atb import graph_cache
+    from ms_atb.worker import graph_cache
     from ms_atb.config import EngineConfig
     monkeypatch.setattr(graph_cache, "_claimed_by_pid", None)
     afile = tmp_path / "f"

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from ms_atb import LLM, SamplingParams
-from ms_atb.guided_choice import ChoiceGuide
-from ms_atb.tokenizer import Tokenizer
+from ms_atb.text.guided_choice import ChoiceGuide
+from ms_atb.text.tokenizer import Tokenizer
 from engine_helpers import scheduler_settings, tiny_logits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

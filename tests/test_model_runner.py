@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import numpy_llama as nl
-from ms_atb.model_runner import ModelRunner, kv_cache_bytes_per_block, token_buckets
+from ms_atb.worker.model_runner import ModelRunner, kv_cache_bytes_per_block, token_buckets
 from ms_atb.models import loader
 
 BS = 16

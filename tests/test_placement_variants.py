@@ -9,7 +9,7 @@ import pytest
 
 from scripts_import import load_script
 
-from ms_atb.block_manager import BlockManager
+from ms_atb.core.block_manager import BlockManager
 
 variants = load_script("placement_variants")
 bench = load_script("bench_block_manager")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ms_atb.sampler import Sampler, apply_penalties, token_logprobs
+from ms_atb.worker.sampler import Sampler, apply_penalties, token_logprobs
 from ms_atb.sampling_params import SamplingParams
 
 

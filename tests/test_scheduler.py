@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from ms_atb.scheduler import Scheduler
-from ms_atb.sequence import Sequence, SequenceStatus
+from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.sequence import Sequence, SequenceStatus
 
 VOCAB = 1000
 

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from ms_atb.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, CostModel, Device, GiB, MiB,
+from ms_atb.sim.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, CostModel, Device, GiB, MiB,
                                ModelShape)
-from ms_atb.scheduler import Scheduler
-from ms_atb.sequence import Sequence
-from ms_atb.simulator import (Workload, output_len_for_static_utilisation, simulate,
+from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.sequence import Sequence
+from ms_atb.sim.simulator import (Workload, output_len_for_static_utilisation, simulate,
                               ttft_one_by_one)
 from scripts_import import load_script
 

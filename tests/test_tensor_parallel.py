@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ms_atb import LLM, SamplingParams
-from ms_atb.distributed import init_distributed
+from ms_atb.worker.distributed import init_distributed
 from ms_atb.models import loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from ms_atb.detokenizer import IncrementalDetokenizer, find_stop
-from ms_atb.tokenizer import ByteTokenizer, load_tokenizer
+from ms_atb.text.detokenizer import IncrementalDetokenizer, find_stop
+from ms_atb.text.tokenizer import ByteTokenizer, load_tokenizer
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -358,7 +358,7 @@ def test_guided_choice_walks_decode_to_the_choice(which, sp_dir, json_dir):
     """Random walks through the tokens a ChoiceGuide allows always decode to one of the choices, and the
     tokenization encode() gives is among the walks open."""
     import random
-    from ms_atb.guided_choice import ChoiceGuide
+    from ms_atb.text.guided_choice import ChoiceGuide
     tok = _embedded() if which == "embedded" else load_tokenizer(str(sp_dir if which == "sp" else json_dir))
     choices = ["hello world", "hello", " paged cache", "数字 2024", "Straße café"]
     guide = ChoiceGuide(choices, tok)

@@ -16,7 +16,7 @@ def main(spec_path: str, out_dir: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     from ms_atb import LLM, SamplingParams
-    from ms_atb.distributed import SpmdCheck, SpmdSampler
+    from ms_atb.worker.distributed import SpmdCheck, SpmdSampler
     rank_env = os.environ.get("RANK_ID", "0")
     try:
         llm = LLM(spec["config"], **spec["overrides"])

@@ -149,8 +149,8 @@ class ModelRunner:
 
     def warmup(self, graph_cache: str | None = None) -> dict:
         """Compile the graph of every token bucket with an all-padding step (no cache write).
-        graph_cache: a directory that keeps the compiled graphs between runs (see ms_atb.graph_cache)."""
-        from ms_atb.graph_cache import GraphCache
+        graph_cache: a directory that keeps the compiled graphs between runs (see ms_atb.worker.graph_cache)."""
+        from ms_atb.worker.graph_cache import GraphCache
         start = time.perf_counter()
         cache = GraphCache(graph_cache, self.graph_key_parts())
         try:
@@ -167,7 +167,7 @@ class ModelRunner:
 
     def graph_key_parts(self) -> dict:
         """Everything the compiled graphs depend on besides ms_atb's and MindSpore's code."""
-        from ms_atb.graph_cache import files_identity
+        from ms_atb.worker.graph_cache import files_identity
         from ms_atb.ops.build import kernel_library
         return {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
                 "dtype": str(self.dtype), "device": ms.get_context("device_target"),

@@ -14,8 +14,8 @@ import collections
 import math
 from dataclasses import dataclass, field
 
-from ms_atb.block_manager import BlockManager, NoFreeBlocksError
-from ms_atb.sequence import Sequence, SequenceStatus
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
+from ms_atb.core.sequence import Sequence, SequenceStatus
 
 ALLOCATIONS = ("contiguous", "scattered", "static")
 

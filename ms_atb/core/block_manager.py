@@ -6,7 +6,7 @@ address (a lazy min-heap of starts). Cached free blocks (committed, refcount 0) 
 PrefixCache's LRU queue; they are evicted into the clean ranges only when the clean blocks
 cannot cover an allocation, so the cache is never traded for contiguity.
 
-Placement (contiguous allocation) is the PlacementPolicy mixin of ms_atb/placement_policy.py.
+Placement (contiguous allocation) is the PlacementPolicy mixin of ms_atb/core/placement.py.
 Each live request keeps a lazy heap of "homes", free blocks next to runs of its own blocks, pushed
 as free ranges appear beside them (_add_home) and checked when it is popped.
 Every call costs O(log n) in the number of blocks (amortised); nothing scans the pool.
@@ -17,9 +17,9 @@ import numbers
 from collections import deque
 from heapq import heapify, heappop, heappush
 
-from ms_atb.block_placement import OrphanIndex, SizeIndex
-from ms_atb.placement_policy import PlacementPolicy
-from ms_atb.prefix_cache import PrefixCache, hash_block
+from ms_atb.core.free_ranges import OrphanIndex, SizeIndex
+from ms_atb.core.placement import PlacementPolicy
+from ms_atb.core.prefix_cache import PrefixCache, hash_block
 
 _ALLOCATIONS = ("contiguous", "scattered")
 

@@ -30,13 +30,16 @@ _ENV = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")    # read by MindS
 
 
 def sources_digest() -> str:
-    """sha256 over ms_atb's Python and C++ sources (the model, the runner, the kernels)."""
+    """sha256 over ms_atb's Python and C++ sources (the model, the runner, the kernels), every
+    sub-package at any depth included."""
     import importlib
     h = hashlib.sha256()
     for package in _PACKAGES:
-        for path in sorted(Path(importlib.import_module(package).__file__).resolve().parent.glob("*")):
-            if path.suffix in _SOURCE_SUFFIXES:
-                h.update(f"{package}/{path.name}\0".encode() + path.read_bytes() + b"\0")
+        root = Path(importlib.import_module(package).__file__).resolve().parent
+        for path in sorted(root.rglob("*")):
+            if path.suffix in _SOURCE_SUFFIXES and "__pycache__" not in path.parts:
+                name = path.relative_to(root).as_posix()
+                h.update(f"{package}/{name}\0".encode() + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 

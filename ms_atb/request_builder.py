@@ -6,7 +6,7 @@ from typing import Union
 
 import numpy as np
 
-from ms_atb.guided_choice import ChoiceGuide
+from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.request import Request
 from ms_atb.sampling_params import SamplingParams
 

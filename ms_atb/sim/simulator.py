@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from ms_atb.cost_model import CostModel
-from ms_atb.scheduler import Scheduler
-from ms_atb.sequence import Sequence
+from ms_atb.sim.cost_model import CostModel
+from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.sequence import Sequence
 
 # mode -> (Scheduler allocation, enable_prefix_caching)
 MODES = {"static": ("static", False), "paged": ("contiguous", False), "prefix": ("contiguous", True)}

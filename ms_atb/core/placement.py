@@ -19,7 +19,7 @@ not a live request's last block.
   drifts upward and merges. In such a small hole, a request whose remaining max_tokens (in blocks)
   are at most its prompt's blocks takes the hole's last block, not its first: the rest stays an
   orphan that every growing request (and prompt) can fill, instead of becoming this request's room.
-Every decision costs O(log n) in the number of blocks: the indexes of ms_atb/block_placement.py,
+Every decision costs O(log n) in the number of blocks: the indexes of ms_atb/core/free_ranges.py,
 and each request's lazy heap of homes.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from heapq import heappop
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ms_atb.block_manager import _Request as Request
+    from ms_atb.core.block_manager import _Request as Request
 
 _FIT_SLACK = 4        # a range up to this many blocks over the best fit may be chosen for its address
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Callable
 
-from ms_atb.gguf_vocab import byte_level_token_bytes, spm_token_bytes
+from ms_atb.text.gguf_vocab import byte_level_token_bytes, spm_token_bytes
 
 # End-of-turn tokens that stop generation when the chat template uses them.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|eom_id|>")
@@ -176,7 +176,7 @@ def load_tokenizer(path: str, vocab_size: int | None = None) -> Tokenizer | None
 
 
 def _load_gguf(path: str) -> Tokenizer:
-    from ms_atb.gguf_vocab import build_byte_level, build_spm, read_gguf_vocab
+    from ms_atb.text.gguf_vocab import build_byte_level, build_spm, read_gguf_vocab
     vocab = read_gguf_vocab(path)
     if vocab.model == "gpt2":
         backend, token_bytes, special = build_byte_level(vocab)

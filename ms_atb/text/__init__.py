@@ -1,0 +1,1 @@
+"""Text in and out: tokenizers, GGUF vocabularies, incremental detokenizing, guided choice."""
