@@ -68,8 +68,8 @@ def shard_spec(name: str, config, tp_size: int) -> int | None:
 
 
 def shard_slice(name: str, full_shape, config, tp_size: int, tp_rank: int) -> tuple:
-    """Slices (one per axis) selecting rank tp_rank's part of the full HF-layout tensor `name`."""
-    validate_tp(config, tp_size)
+    """Slices (one per axis) selecting rank tp_rank's part of the full HF-layout tensor `name`; tp_size
+    already checked against the model (validate_tp, once, where the engine validates its config)."""
     if not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_rank {tp_rank} outside [0, {tp_size})")
     full = tuple(slice(None) for _ in full_shape)

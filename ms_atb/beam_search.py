@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from ms_atb.engine_loop import progress_bar
-from ms_atb.sampling_params import MAX_LOGPROBS, SamplingParams, _is_int, _is_number
+from ms_atb.sampling_params import MAX_LOGPROBS, SamplingParams, is_int, is_number
 
 
 @dataclass
@@ -28,13 +28,13 @@ class BeamSearchParams:
 
     def __post_init__(self):
         top = MAX_LOGPROBS // 2
-        if not _is_int(self.beam_width) or not 1 <= self.beam_width <= top:
+        if not is_int(self.beam_width) or not 1 <= self.beam_width <= top:
             raise ValueError(f"beam_width must be an int in [1, {top}], got {self.beam_width!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
-        if not _is_number(self.length_penalty) or not math.isfinite(self.length_penalty):
+        if not is_number(self.length_penalty) or not math.isfinite(self.length_penalty):
             raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
 
 
@@ -57,7 +57,7 @@ class BeamSearchOutput:
 def beam_search(llm, prompts, params: BeamSearchParams, use_tqdm: bool = True) -> list[BeamSearchOutput]:
     if not isinstance(params, BeamSearchParams):
         raise ValueError(f"beam_search takes BeamSearchParams, got {type(params).__name__}")
-    requests = llm._make_requests(prompts, SamplingParams(max_tokens=params.max_tokens))   # validates all first
+    requests = llm.make_requests(prompts, SamplingParams(max_tokens=params.max_tokens))   # validates all first
     stops = llm.stop_token_ids
     width = params.beam_width
     step_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=2 * width)

@@ -237,7 +237,7 @@ def _main(args) -> int:
             reject(item, f"{where}: {e}")
             continue
         pending.append((item, where, params))
-    llm = LLM._unbuilt(args.config, **overrides)    # tokenizer and limits: prompts are checked before the build
+    llm = LLM.prepare(args.config, **overrides)    # tokenizer and limits: prompts are checked before the build
     requests = []
     for item, where, params in pending:
         try:
@@ -252,7 +252,7 @@ def _main(args) -> int:
                                              add_special_tokens=special))
         except ValueError as e:     # make_request names the request by its index; `where` names the line
             reject(item, f"{where}: {str(e).removeprefix(f'request {len(requests)}: ')}")
-    llm._build()
+    llm.build()
     rank0 = llm.rank == 0
     if rank0:
         skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""

@@ -15,11 +15,11 @@ from typing import Any, Union
 
 import yaml
 
+from ms_atb.core.scheduler import ALLOCATIONS
 from ms_atb.sampling_params import SamplingParams
 
 DEVICES = ("cpu", "npu")
 DTYPES = ("float32", "float16", "bfloat16")
-ALLOCATIONS = ("contiguous", "scattered", "static")
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}

@@ -213,14 +213,14 @@ class EngineLoop:
         if r.request_id in self.request_ids or any(i in self.tracked for i in ids):
             raise ValueError(f"request {r.index}: id {r.request_id!r} is used twice in this batch")
         self.request_ids.add(r.request_id)
-        # ignore_eos: no stop token of any kind ends the request, neither EOS nor stop_token_ids (DESIGN.md;
+        # ignore_eos: no stop token of any kind ends the request, neither EOS nor stop_token_ids (docs/design.md;
         # vLLM still stops at stop_token_ids). Stop strings, matched on the text, still do.
         stops = set() if p.ignore_eos else set(p.stop_token_ids or ()) | eos
         for i, seq_id in enumerate(ids):
             seq = Sequence(seq_id, r.prompt_token_ids, p.max_tokens, stop_token_ids=stops, arrival_time=now)
             gen = None
             if not p.greedy:   # sample i > 0 of a seeded request: its own stream, derived from the seed
-                seed = [p.seed] if p.seed is not None else [llm.config.context.seed, llm._next_id, r.index]
+                seed = [p.seed] if p.seed is not None else [llm.config.context.seed, llm.requests.num_built, r.index]
                 gen = np.random.default_rng(seed + [i] if i else seed)
             detok = (IncrementalDetokenizer(tok, r.prompt_token_ids, p.skip_special_tokens)
                      if tok is not None else None)

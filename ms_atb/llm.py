@@ -1,5 +1,5 @@
 """LLM: the front door. Builds the engine and runs the schedule -> model -> sample -> update loop over
-requests that ms_atb/request_builder.py has checked."""
+requests that its RequestBuilder (ms_atb/request_builder.py) has checked."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,31 +9,30 @@ from typing import Iterator, Sequence as Seq, Union
 
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
 from ms_atb.worker.distributed import init_distributed, spmd_sampler
-from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.outputs import RequestOutput
 from ms_atb.worker.sampler import Sampler
 from ms_atb.sampling_params import SamplingParams
 from ms_atb.request import Request
-from ms_atb.request_builder import Prompt, RequestValidation
+from ms_atb.request_builder import Prompt, RequestBuilder
 from ms_atb.core.scheduler import Scheduler
 
 
-class LLM(RequestValidation):
+class LLM:
     """llm = LLM("configs/smollm2_135m.yaml", device="cpu", enable_prefix_caching=True)
 
     The first argument is a YAML config, an HF directory or a GGUF file; every config leaf may be
-    passed as a keyword that overrides the file."""
+    passed as a keyword that overrides the file. LLM(...) is LLM.prepare(...) followed by build()."""
 
     def __init__(self, model_or_config: Union[str, dict, None] = None, device: str | None = None,
                  **keywords):
         self._prepare(model_or_config, device, keywords)
-        self._build()
+        self.build()
 
     @classmethod
-    def _unbuilt(cls, model_or_config: Union[str, dict, None] = None, device: str | None = None,
-                 **keywords) -> "LLM":
+    def prepare(cls, model_or_config: Union[str, dict, None] = None, device: str | None = None,
+                **keywords) -> "LLM":
         """The engine without its model: make_request() and apply_chat_template() check requests against the
-        tokenizer, the vocabulary, max_model_len and the KV pool, so a bad batch is rejected before _build()
+        tokenizer, the vocabulary, max_model_len and the KV pool, so a bad batch is rejected before build()
         spends a minute compiling graphs (ms-atb-generate does this)."""
         llm = cls.__new__(cls)
         llm._prepare(model_or_config, device, keywords)
@@ -86,26 +85,25 @@ class LLM(RequestValidation):
                               "max_num_batched_tokens": sc.max_num_batched_tokens}
         self.scheduler = self.new_scheduler()
         self.sampler = spmd_sampler(Sampler(), tp)
-        self._next_id = 0
+        self.requests = RequestBuilder(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self._run_stats: dict = {}
         self._iterating = False                  # a generate_iter() is open
-        self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
-        self.runner = None                       # _build()
+        self.runner = None                       # build()
         self.build_seconds = 0.0
 
-    def _build(self) -> None:
-        """Builds the model runner and compiles (or loads) its graphs."""
+    def build(self) -> None:
+        """Builds the model runner and compiles (or loads) its graphs; a second call does nothing."""
+        if self.runner is not None:
+            return
         from ms_atb.engine_loop import interrupts_raise
         from ms_atb.worker.model_runner import ModelRunner
 
-        cfg, kv, sc = self.config, self.config.kv_cache, self.config.scheduler
-        tp = cfg.parallel.tensor_parallel_size
+        cfg = self.config
         t0 = time.perf_counter()
         with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
-            self.runner = ModelRunner(cfg.model.path, cfg.model.dtype, self.num_blocks, kv.block_size,
-                                      sc.max_num_seqs, sc.max_num_batched_tokens, self.max_model_len,
-                                      device=cfg.context.device, tp_size=tp, tp_rank=self.rank)
-            stats = self.runner.warmup(cfg.context.compile_cache)
+            runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config)
+            stats = runner.warmup(cfg.context.compile_cache)
+        self.runner = runner
         if stats["graph_cache"] != "off":
             where = {"skipped": " (an earlier engine of this process uses it)",
                      "unavailable": " (no entry script file, as under python -c)"}.get(
@@ -122,7 +120,17 @@ class LLM(RequestValidation):
                  sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Returns one RequestOutput per prompt, in input order."""
-        return self._run(self._make_requests(prompts, sampling_params), use_tqdm)
+        return self._run(self.make_requests(prompts, sampling_params), use_tqdm)
+
+    def make_requests(self, prompts, sampling_params=None, add_special_tokens: bool = True) -> list[Request]:
+        """Validated Requests for generate_iter(); ValueError naming the first bad prompt's index."""
+        return self.requests.build_all(prompts, sampling_params, self.default_sampling_params(), self.scheduler,
+                                       add_special_tokens)
+
+    def make_request(self, prompt: Prompt, params: SamplingParams, index: int, request_id: str | None = None,
+                     add_special_tokens: bool = True) -> Request:
+        """One validated Request; ValueError naming its index."""
+        return self.requests.build(prompt, params, index, self.scheduler, request_id, add_special_tokens)
 
     def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
         outputs: list[RequestOutput | None] = [None] * len(requests)
@@ -148,7 +156,7 @@ class LLM(RequestValidation):
             raise ValueError(f"generate_iter() runs a list of requests made by LLM.make_request(), got "
                              f"{type(bad).__name__}; generate() takes prompts")
         if self.runner is None:
-            raise ValueError("this engine's model is not built yet (LLM._unbuilt): call _build() first")
+            raise ValueError("this engine's model is not built yet (LLM.prepare): call build() first")
         if self._iterating:     # one scheduler: a nested run would take the open run's requests as its own
             raise ValueError("this engine is already running a generate_iter(); finish or close it before "
                              "calling generate(), chat(), beam_search() or generate_iter() again")
@@ -195,7 +203,7 @@ class LLM(RequestValidation):
         prompts = [self.apply_chat_template(c, add_generation_prompt, index=i)
                    for i, c in enumerate(conversations)]
         # The template writes the special tokens (BOS included) itself.
-        requests = self._make_requests(prompts, sampling_params, add_special_tokens=False)
+        requests = self.make_requests(prompts, sampling_params, add_special_tokens=False)
         return self._run(requests, use_tqdm)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, index: int = 0) -> str:

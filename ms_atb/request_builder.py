@@ -1,4 +1,8 @@
-"""Request validation, mixed into LLM: prompts and SamplingParams -> Requests, every one checked before any work."""
+"""RequestBuilder: prompts and SamplingParams -> Requests, every one checked before any work starts.
+
+Owned by LLM. It reads the tokenizer and the vocabulary size it was given and the scheduler passed
+to each call (the scheduler alone knows the KV pool and max_model_len limits); it owns the request id
+counter and the cache of guided-choice guides."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,22 +18,34 @@ from ms_atb.sampling_params import SamplingParams
 Prompt = Union[str, list[int], tuple[int, ...], np.ndarray, dict]
 
 
-class RequestValidation:
-    """Mixed into LLM; uses its tokenizer, model_config (vocab_size), scheduler (check, max_output_tokens),
-    max_model_len, default_sampling_params(), and the _guides / _next_id it sets up in _prepare()."""
+class RequestBuilder:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self._next_id = 0
+        self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
 
-    def _make_requests(self, prompts, sampling_params, add_special_tokens: bool = True) -> list[Request]:
+    @property
+    def num_built(self) -> int:
+        """Requests built with a generated id so far (the engine's default seed mixes it in)."""
+        return self._next_id
+
+    def build_all(self, prompts, sampling_params, defaults: SamplingParams, scheduler,
+                  add_special_tokens: bool = True) -> list[Request]:
+        """One Request per prompt; ValueError naming the first bad one's index. sampling_params: one
+        SamplingParams, one per prompt, or None (defaults)."""
         if isinstance(prompts, np.ndarray) and prompts.ndim in (1, 2):
             prompts = [prompts] if prompts.ndim == 1 else list(prompts)     # one prompt, or one per row
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and all(_is_int(t) for t in prompts)):
+                                                and all(_is_integer(t) for t in prompts)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a string, a list of token ids (or a 1-D integer array), a "
                              f"{{'prompt' | 'prompt_token_ids': ...}} dict, or a list of those (or a 2-D integer "
                              f"array, one prompt per row); got {type(prompts).__name__}")
         if sampling_params is None:
-            sampling_params = self.default_sampling_params()
+            sampling_params = defaults
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         elif not isinstance(sampling_params, (list, tuple)) or len(sampling_params) != len(prompts) \
@@ -44,11 +60,11 @@ class RequestValidation:
                     sp.validate()
                 except ValueError as e:
                     raise ValueError(f"request {i}: {e}") from None
-        return [self.make_request(p, sp, i, add_special_tokens=add_special_tokens)
+        return [self.build(p, sp, i, scheduler, add_special_tokens=add_special_tokens)
                 for i, (p, sp) in enumerate(zip(prompts, sampling_params))]
 
-    def make_request(self, prompt: Prompt, params: SamplingParams, index: int,
-                     request_id: str | None = None, add_special_tokens: bool = True) -> Request:
+    def build(self, prompt: Prompt, params: SamplingParams, index: int, scheduler,
+              request_id: str | None = None, add_special_tokens: bool = True) -> Request:
         """Validates one request; ValueError naming its index."""
         try:
             if isinstance(prompt, dict):
@@ -67,7 +83,7 @@ class RequestValidation:
                 ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
                 text = prompt
             elif isinstance(prompt, (list, tuple)) or (isinstance(prompt, np.ndarray) and prompt.ndim == 1):
-                if not all(_is_int(t) for t in prompt):
+                if not all(_is_integer(t) for t in prompt):
                     raise ValueError("a token-id prompt must be a list of ints")
                 ids, text = [int(t) for t in prompt], None
             else:
@@ -77,7 +93,7 @@ class RequestValidation:
                 raise ValueError("the prompt is empty")
             if params.truncate_prompt_tokens is not None:
                 ids = ids[-params.truncate_prompt_tokens:]       # the last K tokens, as in vLLM
-            vocab = self.model_config.vocab_size
+            vocab = self.vocab_size
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
@@ -86,12 +102,12 @@ class RequestValidation:
                 raise ValueError(f"token id {named[0]} in the sampling parameters (stop_token_ids, "
                                  f"logit_bias, allowed_token_ids) is outside the vocabulary [0, {vocab})")
             if params.max_tokens is None:           # as many as max_model_len (and the KV pool) leave
-                room = self.scheduler.max_output_tokens(len(ids))
+                room = scheduler.max_output_tokens(len(ids))
                 if room < 1:
                     raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room to generate within "
                                      f"max_model_len {self.max_model_len} and the KV pool")
                 params = dataclasses.replace(params, max_tokens=room)
-            self.scheduler.check(len(ids), params.max_tokens)
+            scheduler.check(len(ids), params.max_tokens)
             guide, bad_words_ids = self._text_constraints(params)
         except ValueError as e:
             raise ValueError(f"request {index}: {e}") from None
@@ -124,5 +140,6 @@ class RequestValidation:
         return guide, list(sequences)
 
 
-def _is_int(x) -> bool:
+def _is_integer(x) -> bool:
+    """A token id's type: a Python int or a NumPy integer (prompts may be integer arrays), not a bool."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

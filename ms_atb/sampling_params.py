@@ -9,11 +9,13 @@ MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5   # a temperature under this is greedy, as in vLLM (dividing logits by it would overflow)
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
+    """A Python int, not a bool: what a SamplingParams field takes (JSON and YAML give these)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
+    """A Python int or float, not a bool."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -35,7 +37,7 @@ def _token_bias(bias) -> dict[int, float]:
     for key, value in bias.items():
         if isinstance(key, str) and key.isascii() and key.isdigit():
             key = int(key)
-        if not _is_int(key) or key < 0 or not _is_number(value) or not -100 <= value <= 100:
+        if not is_int(key) or key < 0 or not is_number(value) or not -100 <= value <= 100:
             raise ValueError(error)
         out[key] = float(value)
     return out
@@ -73,25 +75,25 @@ class SamplingParams:
     def validate(self) -> None:
         """Checks every field (ValueError naming it) and normalises them in place; idempotent. The engine
         calls it again for each request, so fields changed after construction are checked too."""
-        if not _is_int(self.n) or self.n < 1:
+        if not is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an int >= 1 (samples per prompt), got {self.n!r}")
         k = self.truncate_prompt_tokens
-        if k is not None and (not _is_int(k) or k < 1):
+        if k is not None and (not is_int(k) or k < 1):
             raise ValueError(f"truncate_prompt_tokens must be None (off) or an int >= 1, got {k!r}")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be None (up to max_model_len) or an int >= 1, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):
+        if not is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         self.temperature = float(self.temperature)
-        if not _is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):   # 0 is an error (issue #4)
+        if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):   # 0 is an error (issue #4)
             raise ValueError(f"top_k must be -1 (off) or an int >= 1, got {self.top_k!r}")
-        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         self.top_p = float(self.top_p)
-        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+        if not is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be a number in [0, 1] (0 = off), got {self.min_p!r}")
         self.min_p = float(self.min_p)
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -102,24 +104,24 @@ class SamplingParams:
             self.stop = list(stops)
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
-            if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
+            if not isinstance(ids, (list, tuple)) or not all(is_int(t) and t >= 0 for t in ids):
                 raise ValueError(f"stop_token_ids must be a list of ints >= 0, got {ids!r}")
             self.stop_token_ids = list(ids)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens):
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens):
             raise ValueError(f"min_tokens must be an int in [0, max_tokens = {self.max_tokens}], "
                              f"got {self.min_tokens!r}")
         for name in ("logprobs", "prompt_logprobs"):
             n = getattr(self, name)
-            if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):
+            if n is not None and (not is_int(n) or not 0 <= n <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be None (off) or an int in [0, {MAX_LOGPROBS}], got {n!r}")
         if self.logit_bias is not None:
             self.logit_bias = _token_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
-            if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(t) and t >= 0 for t in ids):
+            if not isinstance(ids, (list, tuple)) or not ids or not all(is_int(t) and t >= 0 for t in ids):
                 raise ValueError(f"allowed_token_ids must be a non-empty list of ints >= 0, got {ids!r}")
             self.allowed_token_ids = sorted(set(ids))
         for name in ("guided_choice", "bad_words"):
@@ -137,12 +139,12 @@ class SamplingParams:
                 raise ValueError(f"guided_choice ends the request once the text is one of the choices; it cannot "
                                  f"be combined with {', '.join(clash)}")
         rp = self.repetition_penalty
-        if not _is_number(rp) or not 0 < rp < float("inf"):
+        if not is_number(rp) or not 0 < rp < float("inf"):
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), got {rp!r}")
         self.repetition_penalty = float(rp)
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not _is_number(value) or not -2.0 <= value <= 2.0:
+            if not is_number(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
             setattr(self, name, float(value))
 

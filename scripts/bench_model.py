@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import mindspore as ms
 import numpy as np
 
+from ms_atb.config import EngineConfig
 from ms_atb.worker.model_runner import ModelRunner
 from script_args import require_at_least
 
@@ -101,8 +102,9 @@ def main():
     blocks_per_seq = (max_len + block_size - 1) // block_size
     num_seqs = max(args.batches)
     start = time.perf_counter()
-    runner = ModelRunner(path, "float32", num_blocks=num_seqs * blocks_per_seq, block_size=block_size,
-                         max_num_seqs=num_seqs, max_num_batched_tokens=args.prompt, max_model_len=max_len)
+    runner = ModelRunner(EngineConfig.load(None, path=path, num_blocks=num_seqs * blocks_per_seq,
+                                           block_size=block_size, max_num_seqs=num_seqs,
+                                           max_num_batched_tokens=args.prompt, max_model_len=max_len))
     load_s = time.perf_counter() - start
     c = runner.model_config
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; mindspore {ms.__version__}")

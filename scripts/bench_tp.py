@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
+from ms_atb.config import EngineConfig
 from ms_atb.worker.distributed import init_distributed
 from ms_atb.worker.model_runner import ModelRunner
 
@@ -13,8 +14,9 @@ model = sys.argv[1]
 tp = int(os.environ.get("MS_WORKER_NUM", "1"))
 rank = init_distributed(tp)
 bs, ctx, n = 16, 64, int(os.environ.get("STEPS", "30"))
-r = ModelRunner(model, "float32", num_blocks=64, block_size=bs, max_num_seqs=8, max_num_batched_tokens=8,
-                max_model_len=256, tp_size=tp, tp_rank=rank)
+r = ModelRunner(EngineConfig.load(None, path=model, num_blocks=64, block_size=bs, max_num_seqs=8,
+                                  max_num_batched_tokens=8, max_model_len=256, tensor_parallel_size=tp),
+                tp_rank=rank)
 t0 = time.perf_counter(); r.warmup(); compile_s = time.perf_counter() - t0
 h = r.model_config.hidden_size
 

@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_model import make_step, smollm2_path  # noqa: E402
 from script_args import require_at_least  # noqa: E402
 
+from ms_atb.config import EngineConfig  # noqa: E402
 from ms_atb.worker.model_runner import ModelRunner  # noqa: E402
 
 
@@ -30,9 +31,10 @@ def main() -> None:
         raise SystemExit("--new must lie in [1, --ctx]")
     bs = 16
     blocks = (args.ctx + bs - 1) // bs
-    runner = ModelRunner(smollm2_path(), "float32", num_blocks=args.batch * blocks, block_size=bs,
-                         max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch * args.new, 1),
-                         max_model_len=blocks * bs)
+    runner = ModelRunner(EngineConfig.load(None, path=smollm2_path(), num_blocks=args.batch * blocks,
+                                           block_size=bs, max_num_seqs=args.batch,
+                                           max_num_batched_tokens=max(args.batch * args.new, 1),
+                                           max_model_len=blocks * bs))
     step = make_step(args.batch, args.ctx, args.new, bs, blocks)
     runner.execute(step)  # compiles this step's graph
     times = []

@@ -174,7 +174,7 @@ def test_prompt_errors_are_reported_before_the_engine_is_built(tmp_path, capsys,
         err = capsys.readouterr().err
         assert "p.jsonl:2 (id " in err and message in err, err
     from ms_atb.llm import LLM
-    unbuilt = LLM._unbuilt(TINY)
+    unbuilt = LLM.prepare(TINY)
     with pytest.raises(ValueError, match="not built yet"):
         unbuilt.generate([[1, 2]])
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import numpy_llama as nl
+from ms_atb.config import EngineConfig
 from ms_atb.worker.model_runner import ModelRunner, kv_cache_bytes_per_block, token_buckets
 from ms_atb.models import loader
 
@@ -29,8 +30,8 @@ def make_step(seqs):
 
 @pytest.fixture(scope="module")
 def runner():
-    return ModelRunner("random:tiny-llama", "float32", num_blocks=16, block_size=BS, max_num_seqs=4,
-                       max_num_batched_tokens=24, max_model_len=64)
+    return ModelRunner(EngineConfig.load(None, path="random:tiny-llama", num_blocks=16, block_size=BS,
+                                         max_num_seqs=4, max_num_batched_tokens=24, max_model_len=64))
 
 
 @pytest.fixture(scope="module")

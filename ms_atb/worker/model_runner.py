@@ -8,6 +8,8 @@ multiplied by the linears (they stop at query_start_loc[-1]); padded sequences g
 empty query range (no attention). Dynamic shapes were measured slower on this CPU (see
 scripts/bench_model.py).
 """
+from __future__ import annotations
+
 import dataclasses
 import math
 import time
@@ -17,7 +19,7 @@ import numpy as np
 
 from ms_atb.models import loader
 from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
-from ms_atb.models.parallel import num_kv_heads_per_rank, validate_tp
+from ms_atb.models.parallel import num_kv_heads_per_rank
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
            "bfloat16": ms.bfloat16, "bf16": ms.bfloat16}
@@ -61,27 +63,33 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, model_path, dtype, num_blocks: int, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, device: str = "cpu",
-                 tp_size: int = 1, tp_rank: int = 0):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
-                            ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                            ("max_model_len", max_model_len)):
+    def __init__(self, config, num_blocks: int | None = None, max_model_len: int | None = None,
+                 tp_rank: int = 0, model_config=None):
+        """config: a validated EngineConfig (ms_atb/config.py): model.path and dtype, kv_cache.block_size,
+        the scheduler's step caps, context.device, parallel.tensor_parallel_size (already checked against
+        the model). num_blocks and max_model_len: as the engine resolved them (kv_cache.num_blocks may be
+        "auto", model.max_model_len None); None takes the config's. model_config: the model's LlamaConfig
+        when the caller has loaded it already."""
+        model_path, device = config.model.path, config.context.device
+        num_blocks = config.kv_cache.num_blocks if num_blocks is None else num_blocks
+        max_model_len = config.model.max_model_len if max_model_len is None else max_model_len
+        block_size, sc = config.kv_cache.block_size, config.scheduler
+        tp_size = config.parallel.tensor_parallel_size
+        for name, value in (("num_blocks", num_blocks), ("max_model_len", max_model_len)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if device not in _DEVICES:
             raise ValueError(f"device {device!r} not supported; allowed: {sorted(_DEVICES)}")
-        self.model_config = loader.load_config(model_path)
-        validate_tp(self.model_config, tp_size)
+        self.model_config = model_config or loader.load_config(model_path)
         if max_model_len > self.model_config.max_position_embeddings:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
                              f"{self.model_config.max_position_embeddings}")
-        self.dtype = _ms_dtype(dtype)
+        self.dtype = _ms_dtype(config.model.dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs, self.max_model_len = sc.max_num_seqs, max_model_len
+        self.max_num_batched_tokens = sc.max_num_batched_tokens
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size)
-        self.buckets = token_buckets(max_num_batched_tokens)
+        self.buckets = token_buckets(sc.max_num_batched_tokens)
         ms.set_context(mode=ms.GRAPH_MODE)
         if ms.get_context("device_target") != _DEVICES[device]:
             try:
