@@ -85,7 +85,7 @@ class SamplingParams:
         if not is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         self.temperature = float(self.temperature)
-        if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):   # 0 is an error (issue #4)
+        if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):   # 0 is an error, not "off"
             raise ValueError(f"top_k must be -1 (off) or an int >= 1, got {self.top_k!r}")
         if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")

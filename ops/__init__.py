@@ -1,6 +1,6 @@
 """Kernels and their registration through mindspore.ops.Custom.
 
-`reshape_and_cache` and `paged_attention` are DESIGN.md's functional forms (argument checks, then a Cell).
+`reshape_and_cache` and `paged_attention` are the functional forms of docs/design.md (argument checks, then a Cell).
 `ReshapeAndCache`, `PagedAttention`, `PackedMatMul` and the elementwise ops are Cells usable inside graph-mode Cells, on the CPU
 through C++ aot kernels (compiled on first use, see build.py) and on Ascend through
 MindSpore's built-in ops (unverified; PackedMatMul and the elementwise kernels are CPU-only: on Ascend
@@ -10,7 +10,7 @@ from ms_atb.ops.elementwise import RmsNorm, RotaryEmbedding, SwiGlu
 from ms_atb.ops.matmul import PackedMatMul, pack_weight, packed_shape, unpack_weight
 from ms_atb.ops.paged_attention import PagedAttention
 from ms_atb.ops.reshape_and_cache import ReshapeAndCache
-# DESIGN.md's functional forms. They take the names of their submodules as package attributes:
+# The functional forms of docs/design.md. They take the names of their submodules as package attributes:
 # `from ms_atb.ops.paged_attention import PagedAttention` still reads the submodule.
 from ms_atb.ops.functional import paged_attention, reshape_and_cache  # noqa: E402
 

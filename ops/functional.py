@@ -1,4 +1,4 @@
-"""DESIGN.md's functional forms of the two KV-cache ops, for eager callers (scripts, tests, notebooks).
+"""The functional forms of the two KV-cache ops (docs/design.md), for eager callers (scripts, tests, notebooks).
 
     reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)             # in place
     paged_attention(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale)

@@ -8,7 +8,7 @@ the same ratio of prefill FLOPs (its floor at uniform efficiency).
 The default KV budget is the issue's: 1,456 blocks of 16 tokens x 45 KiB = 1 GiB (static holds 11 requests of
 max_model_len 2,048), with 48 requests so that paged mode is saturated (~12 min on 2 cores).
     .venv/bin/python scripts/bench_kv.py [--num-blocks 1456] [--requests 48] [--no-kernel]
-    .venv/bin/python scripts/bench_kv.py --num-blocks 512 --requests 16     # 360 MiB, ~5 min (sessions 1-6)
+    .venv/bin/python scripts/bench_kv.py --num-blocks 512 --requests 16     # 360 MiB, ~5 min
 """
 import argparse
 import json

@@ -82,7 +82,7 @@ class Device:
             raise ValueError("peak_flops and mem_bandwidth must be > 0, step_overhead_s >= 0")
 
 
-# Llama-2-7b-hf / Llama-2-70b-hf config.json; SmolLM2-135M from its GGUF metadata (DESIGN.md).
+# Llama-2-7b-hf / Llama-2-70b-hf config.json; SmolLM2-135M from its GGUF metadata.
 LLAMA2_7B = ModelShape("Llama2-7B", 32000, 4096, 11008, 32, 32, 32, 128, 2)
 LLAMA2_70B = ModelShape("Llama2-70B", 32000, 8192, 28672, 80, 64, 8, 128, 2)
 SMOLLM2_135M = ModelShape("SmolLM2-135M", 49152, 576, 1536, 30, 9, 3, 64, 4)
@@ -96,8 +96,8 @@ ATLAS_800I_A2 = Device(
 THIS_CPU = Device(
     "this 2-core CPU, float32", peak_flops=190e9, mem_bandwidth=10e9, memory_bytes=24 * GiB,
     efficiency=0.6, step_overhead_s=0.005,
-    source="190 GFLOP/s: numpy BLAS on 135M shapes (DESIGN.md); 10 GB/s: numpy copy of 256 MB "
-           "(read + write) measured here; efficiency 0.6 (MindSpore matmuls reached 95-130 of "
+    source="190 GFLOP/s: numpy BLAS on 135M shapes and 10 GB/s: numpy copy of 256 MB "
+           "(read + write), both measured on the 2-core development machine; efficiency 0.6 (MindSpore matmuls reached 95-130 of "
            "190 GFLOP/s) and 5 ms overhead are assumptions")
 
 
