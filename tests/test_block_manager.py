@@ -409,7 +409,7 @@ def test_a_request_short_of_its_end_takes_the_top_of_a_small_hole():
         bm.append_token("a", t)                     # block 18, then blocked: expected growth 4, the hole is 2
     # a takes the hole's last block, not its first: [0] stays an orphan anyone may fill
     assert bm.block_table("a") == list(range(8, 19)) + [1]
-    assert bm._starts[0] == 1 and 0 in bm._orphans.size_of
+    assert bm.placement.ranges.end_of(0) == 1 and 0 in bm.placement.ranges.orphans.size_of
 
 
 def test_a_jumping_request_goes_home_next_to_its_own_blocks():
@@ -445,4 +445,4 @@ def test_a_blocked_request_jumps_into_a_small_hole_it_will_fill():
     # blocked: a takes the hole of at most half its expected growth (2), not the lowest range's start,
     # which stays whole for a prompt
     assert bm.block_table("a") == [11, 12, 13, 14, 10]
-    assert bm._starts[0] == 8
+    assert bm.placement.ranges.end_of(0) == 8
