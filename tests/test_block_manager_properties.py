@@ -4,7 +4,7 @@ from collections import Counter
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError, hash_block
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
 from ms_atb.core.free_ranges import OrphanIndex, SizeIndex
 
 BS = 4
@@ -116,12 +116,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for h, copies in cache.copies.items():                # cached tokens match their hash
             assert copies and all(cache.block_hash[b] == h for b in copies)
         for rid, toks in self.tokens.items():
-            parent = None
+            parent, chain = None, None
             for i, b in enumerate(bm.block_table(rid)[: len(toks) // BS]):
-                parent = hash_block(parent, toks[i * BS:(i + 1) * BS])
+                parent = cache.hash(parent, toks[i * BS:(i + 1) * BS])
+                chain = (chain, tuple(toks[i * BS:(i + 1) * BS]))
                 if cache.block_hash[b] is not None:
                     assert cache.block_hash[b] == parent
                     assert list(cache.block_tokens[b]) == toks[i * BS:(i + 1) * BS]
+                    assert cache.block_chain[b] == chain          # its whole chain of tokens is this request's
 
     def teardown(self):
         if self.bm is None:

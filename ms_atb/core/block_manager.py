@@ -4,7 +4,8 @@ Free blocks are of two kinds. Clean blocks (never cached, or evicted) belong to 
 placement (ms_atb/core/placement.py), which decides where each request's blocks go. Cached free
 blocks (committed, refcount 0) sit in the PrefixCache's LRU queue; they are evicted into the
 placement's clean blocks only when those cannot cover an allocation, so the cache is never traded
-for contiguity. Contract: docs/design.md (BlockManager).
+for contiguity. Sharing is exact: a hit is checked by its tokens and its chain, not trusted to a
+hash (ms_atb/core/prefix_cache.py). Contract: docs/design.md (BlockManager).
 
 Ownership: the manager alone writes reference counts, its requests' tables, token lists and hash
 state, and the PrefixCache; the placement alone writes the clean blocks (and, for contiguous
@@ -16,9 +17,9 @@ import numbers
 
 from ms_atb.core.kv_request import KVRequest
 from ms_atb.core.placement import PLACEMENTS, PlacementFactory, make_placement
-from ms_atb.core.prefix_cache import PrefixCache, hash_block
+from ms_atb.core.prefix_cache import PrefixCache
 
-__all__ = ["PLACEMENTS", "BlockManager", "NoFreeBlocksError", "hash_block"]
+__all__ = ["PLACEMENTS", "BlockManager", "NoFreeBlocksError"]
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -138,9 +139,9 @@ class BlockManager:
         bs = self._block_size
         for i in range(req.num_hashed, num_tokens // bs):
             chunk = req.token_ids[i * bs:(i + 1) * bs]
-            h = hash_block(req.last_hash, chunk)
+            h = self._prefix.hash(req.last_hash, chunk)
             # a copy of a cached content is registered too: it outlives evictions of the other copies
-            self._prefix.register(req.block_ids[i], h, chunk)
+            self._prefix.register(req.block_ids[i], h, chunk, req.block_ids[i - 1] if i else None)
             req.last_hash = h
             req.num_hashed = i + 1
 
