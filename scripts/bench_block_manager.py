@@ -1,4 +1,4 @@
-"""Churn benchmark of the paged KV block manager (issue #2 item 5).
+"""Churn benchmark of the paged KV block manager.
 
 Workload: 4,096 blocks of 16 tokens; prompt length and max_tokens each uniform in 16..1,024;
 each request ends ("EOS") at a uniform random point in 1..max_tokens; new requests are
@@ -39,7 +39,7 @@ MIXES = {
 }
 
 # name -> draw(rng) -> (prompt tokens, max_tokens): non-uniform shapes, to check that a placement policy
-# is not tuned to the uniform mixes (scripts/placement_variants.py --shaped-mixes)
+# is not tuned to the uniform mixes (scripts/research/placement_variants.py --shaped-mixes)
 SHAPED_MIXES = {
     "bimodal prompts 16-64 | 768-1024, max_tokens 16-1024": lambda rng: (
         rng.randint(16, 64) if rng.random() < 0.5 else rng.randint(768, 1024), rng.randint(16, 1024)),
@@ -55,9 +55,10 @@ class NoBlocks(Exception):
 
 
 class OursAdapter:
-    def __init__(self, allocation: str, num_blocks: int, block_size: int, manager_cls=None):
+    def __init__(self, allocation: str, num_blocks: int, block_size: int, placement=None):
+        # placement: a factory (num_blocks, block_size) -> placement, for the research placements
         from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
-        self.bm = (manager_cls or BlockManager)(num_blocks, block_size, allocation=allocation)
+        self.bm = BlockManager(num_blocks, block_size, allocation=allocation, placement=placement)
         self.error = NoFreeBlocksError
 
     def allocate(self, rid, tokens, max_tokens):
@@ -181,18 +182,22 @@ def scaling_line() -> str:
     out = []
     for n in (1_000, 100_000):
         bm = BlockManager(n, 16)
+        live: set[str] = set()
         t0 = time.perf_counter()
         for i in range(2000):
             rid = f"q{i}"
             bm.allocate(rid, list(range(100)), 200)
+            live.add(rid)
             for _ in range(40):
                 bm.append_token(rid, 1)
             if i % 3:
                 bm.free(rid)
+                live.discard(rid)
             if bm.num_free_blocks < 40:
                 for j in range(i + 1):
-                    if f"q{j}" in bm._requests:
+                    if f"q{j}" in live:
                         bm.free(f"q{j}")
+                        live.discard(f"q{j}")
         out.append(f"{n} blocks: {(time.perf_counter() - t0) * 1e6 / 2000:.1f} µs per request")
     return "pool-size scaling (same work, allocate + 40 appends + free): " + "; ".join(out)
 

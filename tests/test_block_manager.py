@@ -409,7 +409,7 @@ def test_a_request_short_of_its_end_takes_the_top_of_a_small_hole():
         bm.append_token("a", t)                     # block 18, then blocked: expected growth 4, the hole is 2
     # a takes the hole's last block, not its first: [0] stays an orphan anyone may fill
     assert bm.block_table("a") == list(range(8, 19)) + [1]
-    assert bm._starts[0] == 1 and 0 in bm._orphans.size_of
+    assert bm.placement.ranges.end_of(0) == 1 and 0 in bm.placement.ranges.orphans.size_of
 
 
 def test_a_jumping_request_goes_home_next_to_its_own_blocks():
@@ -445,4 +445,47 @@ def test_a_blocked_request_jumps_into_a_small_hole_it_will_fill():
     # blocked: a takes the hole of at most half its expected growth (2), not the lowest range's start,
     # which stays whole for a prompt
     assert bm.block_table("a") == [11, 12, 13, 14, 10]
-    assert bm._starts[0] == 8
+    assert bm.placement.ranges.end_of(0) == 8
+
+
+# a prompt is a list of chunks; one chunk fills one block of 4 tokens, the last prompt entry is a partial block
+_CHUNKS = {name: [10 * i + k for k in range(4)] for i, name in enumerate("PQRS", 1)}
+_PROMPTS = [("QP", [1]), ("P", [2]), ("PQR", [3]), ("QPR", [4]), ("PQR", [5, 5]), ("QPRS", [6]),
+            ("PQS", [7]), ("SP", [8]), ("QPRS", [9])]
+
+
+def _share_run(num_blocks=64):
+    """Allocate, commit and free the prompts in turn, some kept alive; returns each allocation's hits and
+    table, and checks that every hit block holds KV computed for this request's whole chain of tokens."""
+    bm = BlockManager(num_blocks, 4, enable_prefix_caching=True)
+    computed = {}     # block -> the tokens (whole prefix) its KV was computed for
+    out = []
+    for n, (names, tail) in enumerate(_PROMPTS):
+        tokens = [t for name in names for t in _CHUNKS[name]] + tail
+        rid = f"r{n}"
+        cached = bm.allocate(rid, tokens)
+        table = bm.block_table(rid)
+        for i, b in enumerate(table):
+            prefix = tuple(tokens[:(i + 1) * 4])
+            if i < cached // 4:
+                assert computed[b] == prefix, f"{rid}: block {b} at {i} holds KV of another prefix"
+            else:
+                computed[b] = prefix
+        bm.commit(rid, len(tokens))
+        out.append((cached, table))
+        if n % 3 != 2:
+            bm.free(rid)
+    return out
+
+
+def test_prefix_sharing_is_exact_even_when_every_hash_collides(monkeypatch):
+    # a crafted collision must not serve one prefix's KV to another: hits are checked by their chain of tokens
+    reference = _share_run()
+    assert sum(cached for cached, _ in reference) >= 5 * 4          # the prompts do share
+    from ms_atb.core import block_manager, prefix_cache
+
+    def collide(*args, **kwargs):
+        return b"\0" * 16
+    monkeypatch.setattr(prefix_cache, "hash_block", collide)
+    monkeypatch.setattr(block_manager, "hash_block", collide, raising=False)
+    assert _share_run() == reference                                   # the same hits, the same tables

@@ -4,7 +4,7 @@ from collections import Counter
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError, hash_block
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
 from ms_atb.core.free_ranges import OrphanIndex, SizeIndex
 
 BS = 4
@@ -88,18 +88,22 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for rid, toks in self.tokens.items():
             assert len(bm.block_table(rid)) == -(-len(toks) // BS)
         free = set(bm._prefix.lru)
-        if bm._contiguous:
-            for s, e in bm._starts.items():
+        ranges = getattr(bm.placement, "ranges", None)
+        if ranges is not None:
+            for s, e in ranges.ranges():
                 free.update(range(s, e))
-                assert bm._ends[e] == s and s in bm._by_size.buckets[e - s]
-                assert s not in bm._ends and e not in bm._starts   # ranges are maximal: merged on free
+                assert ranges.start_ending_at(e) == s and s in ranges.by_size.buckets[e - s]
+                # ranges are maximal: merged on free
+                assert ranges.start_ending_at(s) is None and ranges.end_of(e) is None
                 # an orphan is exactly a range after no live request's last block
-                assert bm._orphans.size_of.get(s) == (None if s - 1 in bm._tails else e - s)
-            assert set(bm._orphans.size_of) <= set(bm._starts)
-            assert bm._tails == {bm.block_table(rid)[-1] for rid in self.tokens}
-            assert len(bm._ends) == len(bm._starts)
+                assert ranges.orphans.size_of.get(s) == (None if ranges.is_tail(s - 1) else e - s)
+            assert set(ranges.orphans.size_of) <= {s for s, _ in ranges.ranges()}
+            assert ranges.tails() == {bm.block_table(rid)[-1] for rid in self.tokens}
+            ends = {e: s for s, e in ranges.ranges()}             # no stale end: exactly the ranges' ends
+            assert all(ranges.start_ending_at(b) == ends.get(b) for b in range(NUM_BLOCKS + 1))
+            assert ranges.num_clean == sum(e - s for s, e in ranges.ranges())
         else:
-            free.update(bm._free_list)
+            free.update(bm.placement.free_blocks())
         assert bm.num_free_blocks == len(free)                # no id listed twice
         assert not free & set(holders)                        # never both free and held
         assert len(free) + len(holders) == NUM_BLOCKS         # nothing lost
@@ -112,12 +116,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for h, copies in cache.copies.items():                # cached tokens match their hash
             assert copies and all(cache.block_hash[b] == h for b in copies)
         for rid, toks in self.tokens.items():
-            parent = None
+            parent, chain = None, None
             for i, b in enumerate(bm.block_table(rid)[: len(toks) // BS]):
-                parent = hash_block(parent, toks[i * BS:(i + 1) * BS])
+                parent = cache.hash(parent, toks[i * BS:(i + 1) * BS])
+                chain = (chain, tuple(toks[i * BS:(i + 1) * BS]))
                 if cache.block_hash[b] is not None:
                     assert cache.block_hash[b] == parent
                     assert list(cache.block_tokens[b]) == toks[i * BS:(i + 1) * BS]
+                    assert cache.block_chain[b] == chain          # its whole chain of tokens is this request's
 
     def teardown(self):
         if self.bm is None:
@@ -135,7 +141,7 @@ TestBlockManagerMachine = BlockManagerMachine.TestCase
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 6), st.integers(0, 30)), max_size=60),
        queries=st.lists(st.tuples(st.integers(1, 7), st.integers(0, 3)), min_size=1, max_size=5))
-def test_size_index_lowest_near_fit_matches_a_scan(ops, queries):
+def test_size_index_near_fit_matches_a_scan(ops, queries):
     index, model = SizeIndex(), {}          # model: start -> size
     for add, size, start in ops:
         if add and start not in model:
@@ -147,7 +153,8 @@ def test_size_index_lowest_near_fit_matches_a_scan(ops, queries):
         fits = [size for size in model.values() if size >= need]
         expected = (min(s for s, size in model.items() if min(fits) <= size <= min(fits) + slack)
                     if fits else None)
-        assert index.lowest_near_fit(need, slack) == expected
+        size = index.best_fit(need)         # the placement's near fit: best_fit, then lowest_between
+        assert (None if size is None else index.lowest_between(size, size + slack)) == expected
 
 
 @settings(max_examples=200, deadline=None)

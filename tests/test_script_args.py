@@ -14,10 +14,10 @@ CASES = [
     ("bench_kv.py", ["--ttft-requests", "1"], "--ttft-requests must be >= 2"),
     ("bench_throughput.py", ["--repeats", "0"], "--repeats must be >= 1, got 0"),
     ("bench_throughput.py", ["--set", "foo"], "--set expects KEY=VALUE, got 'foo'"),
-    ("placement_variants.py", ["--seeds", "3-1"], "--seeds takes a seed or a range LO-HI"),
-    ("placement_variants.py", ["--steps", "1"], "--steps must be >= 4"),
-    ("placement_lookahead.py", ["--seeds", "abc"], "--seeds takes a seed or a range LO-HI"),
-    ("placement_lookahead.py", ["--horizon", "-3"], "--horizon must be >= 1"),
+    ("research/placement_variants.py", ["--seeds", "3-1"], "--seeds takes a seed or a range LO-HI"),
+    ("research/placement_variants.py", ["--steps", "1"], "--steps must be >= 4"),
+    ("research/placement_lookahead.py", ["--seeds", "abc"], "--seeds takes a seed or a range LO-HI"),
+    ("research/placement_lookahead.py", ["--horizon", "-3"], "--horizon must be >= 1"),
 ]
 
 

@@ -1,29 +1,48 @@
 """PrefixCache: which blocks hold which committed content, and which free ones may be reused.
 
 The BlockManager owns one and decides when blocks enter and leave it; this class keeps the
-bookkeeping: a chained hash and the tokens of every registered block, every copy of each
-content (one content may sit in several blocks: the same outputs, or a prompt computed
+bookkeeping: a chained hash, the tokens and the chain of every registered block, every copy of
+each content (one content may sit in several blocks: the same outputs, or a prompt computed
 without a cache lookup), and the cached blocks no request holds, least recently freed first.
-Pure Python, O(1) per block.
+
+Sharing is exact: a hash only finds candidates. A cached block is a hit only if its tokens compare
+equal and its parent chain is the one the request matched so far (the very block it matched, or a
+copy whose chain of tokens compares equal; none for a first block), so a colliding hash costs a miss,
+never another prefix's KV. The hashes are keyed with a random secret of each PrefixCache, so that
+collisions cannot be crafted offline. Pure Python, O(1) per block (a collision costs a scan of its copies).
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import struct
 from collections import OrderedDict
 
-import xxhash
+# a block's chain: (parent's chain or None for a first block, its tokens); chains of live and cached
+# blocks keep their ancestors' chains alive, so a chain is compared by value even after an eviction
+Chain = tuple
 
 
-def hash_block(parent: bytes | None, token_ids) -> bytes:
-    """Chained 128-bit hash of one full block: xxh3_128(parent hash + token ids)."""
+def hash_block(parent: bytes | None, token_ids, key: bytes) -> bytes:
+    """Chained, keyed 128-bit hash of one full block: BLAKE2b(parent hash + token ids) under key."""
     data = struct.pack(f"<{len(token_ids)}q", *token_ids)
-    return xxhash.xxh3_128_digest((parent or b"") + data)
+    return hashlib.blake2b((parent or b"") + data, digest_size=16, key=key).digest()
+
+
+def _same_chain(a: Chain | None, b: Chain | None) -> bool:
+    while a is not b:
+        if a is None or b is None or a[1] != b[1]:
+            return False
+        a, b = a[0], b[0]
+    return True
 
 
 class PrefixCache:
     def __init__(self, num_blocks: int):
+        self._key = os.urandom(16)
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple | None] = [None] * num_blocks
+        self.block_chain: list[Chain | None] = [None] * num_blocks
         # hash -> the blocks holding that content, live ones first as far as release() can tell
         self.copies: dict[bytes, dict[int, None]] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()   # cached blocks no request holds, oldest first
@@ -32,31 +51,54 @@ class PrefixCache:
         """Cached blocks that no request holds (reusable, or evictable)."""
         return len(self.lru)
 
+    def hash(self, parent: bytes | None, token_ids) -> bytes:
+        """The keyed hash of a full block whose parent block hashed to parent (None: a first block)."""
+        return hash_block(parent, token_ids, self._key)
+
     def lookup(self, token_ids, block_size: int) -> tuple[list[int], list[bytes]]:
         """The cached blocks of the longest run of whole leading blocks of token_ids, and their hashes.
         At least one token is left out. A copy right after the previous hit is taken first (contiguity),
-        else the first copy (a live one when there is one); a hit is confirmed by comparing tokens."""
-        hits, hashes, parent = [], [], None
+        else the first copy (a live one when there is one); each is checked by its tokens and its chain."""
+        hits, hashes, parent, chain = [], [], None, None
         for i in range((len(token_ids) - 1) // block_size):
-            chunk = token_ids[i * block_size:(i + 1) * block_size]
-            parent = hash_block(parent, chunk)
+            chunk = tuple(token_ids[i * block_size:(i + 1) * block_size])
+            parent = self.hash(parent, chunk)
             copies = self.copies.get(parent)
             if copies is None:
                 break
-            block = hits[-1] + 1 if hits and hits[-1] + 1 in copies else next(iter(copies))
-            if self.block_tokens[block] != tuple(chunk):
+            block = self._match(copies, hits[-1] + 1 if hits else -1, chain, chunk)
+            if block is None:
                 break
             hits.append(block)
             hashes.append(parent)
+            chain = self.block_chain[block]
         return hits, hashes
 
-    def register(self, block: int, h: bytes, tokens) -> None:
-        """block holds the committed content h (tokens): later lookups may find it. A block keeps the
-        first content it was registered with until it is evicted."""
+    def _match(self, copies: dict[int, None], near: int, chain: Chain | None, chunk: tuple) -> int | None:
+        """The copy that holds chunk after chain: near if it does, else the first that does."""
+        if near in copies and self._holds(near, chain, chunk):
+            return near
+        for block in copies:
+            if self._holds(block, chain, chunk):
+                return block
+        return None
+
+    def _holds(self, block: int, chain: Chain | None, chunk: tuple) -> bool:
+        own = self.block_chain[block]
+        return own[1] == chunk and _same_chain(own[0], chain)
+
+    def register(self, block: int, h: bytes, tokens, parent: int | None) -> None:
+        """block holds the committed content h (tokens), after the registered block parent (None: it is
+        a request's first block): later lookups may find it. A block keeps the first content it was
+        registered with until it is evicted."""
         if self.block_hash[block] is None:
+            parent_chain = None if parent is None else self.block_chain[parent]
+            assert parent is None or parent_chain is not None, "a block is registered after its parent"
+            tokens = tuple(tokens)
             self.copies.setdefault(h, {})[block] = None
             self.block_hash[block] = h
-            self.block_tokens[block] = tuple(tokens)
+            self.block_tokens[block] = tokens
+            self.block_chain[block] = (parent_chain, tokens)
 
     def release(self, block: int) -> bool:
         """No request holds block any more. True if it is cached (it joins the LRU queue, behind
@@ -85,4 +127,5 @@ class PrefixCache:
             del self.copies[h]
         self.block_hash[block] = None
         self.block_tokens[block] = None
+        self.block_chain[block] = None
         return block

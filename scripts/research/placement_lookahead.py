@@ -1,11 +1,11 @@
-"""What knowing the future buys on the churn benchmark (issue #2): a lookahead placement planner.
+"""What knowing the future buys on the churn benchmark: a lookahead placement planner.
 
-The planner stands on the session 5-10 policy (`Session5Policy`, the kept policy when BENCHMARKS.md's
-lookahead table was measured; "the policy" below). At each new prompt that more than one free range
-could hold, it tries candidate placements (the five smallest fitting ranges and the two largest, each at
-its start and, after a live tail, at the policy's room), rolls the workload forward `--horizon` steps
-from each with the policy, and keeps the candidate whose rollout scattered the fewest allocations (ties:
-the policy's choice).
+The planner stands on the near-fit baseline (`NearFitBaseline` of placement_base.py, the placement
+BENCHMARKS.md's lookahead table was measured against; "the policy" below). At each new prompt that more
+than one free range could hold, it tries candidate placements (the five smallest fitting ranges and the
+two largest, each at its start and, after a live tail, at the policy's room), rolls the workload forward
+`--horizon` steps from each with the policy, and keeps the candidate whose rollout scattered the fewest
+allocations (ties: the policy's choice).
 What the rollouts know is `--future`:
 - exact: the real future, i.e. the next arrivals and when every running request ends (clairvoyant);
 - sampled: futures drawn from the workload's own distributions (`--samples` of them, the same draws for
@@ -15,7 +15,7 @@ ChurnSim replays scripts/bench_block_manager.py's churn loop step for step (same
 with no planner it reproduces that benchmark's figures for the policy exactly
 (tests/test_placement_lookahead.py).
 
-    .venv/bin/python scripts/placement_lookahead.py [--future exact] [--seeds 0-1] [--steps 4000]
+    .venv/bin/python scripts/research/placement_lookahead.py [--future exact] [--seeds 0-1] [--steps 4000]
         [--horizon 200] [--samples 8] [--mix churn|short-heavy|long-heavy]
     # exact: ~2 min per churn seed; sampled: ~samples x that
 """
@@ -29,61 +29,38 @@ import sys
 import time
 from collections import deque
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, HERE)
 
 from bench_block_manager import MIXES  # noqa: E402
-from placement_base import Session5Policy  # noqa: E402
+from placement_base import NearFitBaseline  # noqa: E402
 from script_args import require_at_least, seed_range  # noqa: E402
 
-from ms_atb.core.block_manager import NoFreeBlocksError, _Request  # noqa: E402
-from ms_atb.core.free_ranges import SizeIndex  # noqa: E402
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError  # noqa: E402
 
 
-def _copy_size_index(index: SizeIndex) -> SizeIndex:
-    new = SizeIndex()
-    new.buckets = {k: dict(v) for k, v in index.buckets.items()}
-    new.heaps = {k: v[:] for k, v in index.heaps.items()}
-    new.keys = index.keys[:]
-    return new
-
-
-class PlacedManager(Session5Policy):
-    """The session 5-10 policy (the one BENCHMARKS.md's lookahead table was measured against),
-    except that the next new prompt may be put at a given (range start, first block)."""
+class PlacedPlacement(NearFitBaseline):
+    """The near-fit baseline, except that the next new prompt may be put at a given (range start, first
+    block); it counts the prompts of 2+ new blocks that did not get one run of consecutive ids."""
     force = None
+    num_scattered = 0
 
-    def _take_new_contiguous(self, req, num_new):
+    def place_prompt(self, req, num_new):
         force, self.force = self.force, None
         if force is None or req.block_ids:
-            return super()._take_new_contiguous(req, num_new)
+            return super().place_prompt(req, num_new)
         start, lo = force
-        self._carve(start, lo, lo + num_new)
+        self.ranges.carve(start, lo, lo + num_new)
         return list(range(lo, lo + num_new))
 
-    def clone(self) -> "PlacedManager":
-        """An independent copy (no prefix caching here: cache structures are shared, they stay empty)."""
-        new = PlacedManager.__new__(PlacedManager)
-        new.__dict__.update(self.__dict__)
-        copies = {}
-        for rid, r in self._requests.items():
-            c = _Request.__new__(_Request)
-            c.block_ids, c.token_ids = r.block_ids[:], r.token_ids[:]
-            c.num_hashed, c.last_hash, c.max_len = r.num_hashed, r.last_hash, r.max_len
-            c.num_prompt_blocks, c.homes, c.homes_cap = r.num_prompt_blocks, r.homes[:], r.homes_cap
-            copies[id(r)] = c
-        new._requests = {rid: copies[id(r)] for rid, r in self._requests.items()}
-        new._owner = [None if o is None else copies[id(o)] for o in self._owner]
-        new._ref_counts, new._pos = self._ref_counts[:], self._pos[:]
-        new._starts, new._ends = dict(self._starts), dict(self._ends)
-        new._by_size = _copy_size_index(self._by_size)
-        orphans = new._orphans = copy.copy(self._orphans)
-        orphans.size_of, orphans.by_size = dict(orphans.size_of), _copy_size_index(orphans.by_size)
-        orphans._tree = orphans._tree[:]
-        new._start_heap = self._start_heap[:]
-        new._tails, new._counters = set(self._tails), dict(self._counters)
-        return new
+    def new_blocks(self, req, num_new):
+        new_ids = super().new_blocks(req, num_new)
+        if num_new >= 2 and any(new_ids[i] != new_ids[i - 1] + 1 for i in range(1, num_new)):
+            self.num_scattered += 1
+        return new_ids
 
 
 class ChurnSim:
@@ -94,7 +71,8 @@ class ChurnSim:
                  mix=((16, 1024), (16, 1024))):
         self.rng = random.Random(seed)
         self.mix, self.block_size = mix, block_size
-        self.bm = PlacedManager(num_blocks, block_size)
+        self.bm = BlockManager(num_blocks, block_size, placement=PlacedPlacement)
+        self.placement = self.bm.placement
         self.waiting: deque = deque()
         self.running: dict = {}
         self.next_id = 0
@@ -104,7 +82,8 @@ class ChurnSim:
         new.rng = random.Random()
         new.rng.setstate(self.rng.getstate())
         new.mix, new.block_size, new.next_id = self.mix, self.block_size, self.next_id
-        new.bm = self.bm.clone()
+        new.bm = copy.deepcopy(self.bm)     # no prefix caching here: its structures stay empty
+        new.placement = new.bm.placement
         new.waiting = deque(w[:] for w in self.waiting)
         new.running = {k: v[:] for k, v in self.running.items()}
         return new
@@ -124,11 +103,11 @@ class ChurnSim:
             if ntok > bm.num_blocks * bs:
                 self.waiting.popleft()
                 continue
-            bm.force = planner(self) if planner is not None else None
+            self.placement.force = planner(self) if planner is not None else None
             try:
                 bm.allocate(rid, list(range(ntok)), max_tokens - gen)
             except NoFreeBlocksError:
-                bm.force = None
+                self.placement.force = None
                 break
             self.running[rid] = self.waiting.popleft()[1:]
         for rid in list(self.running):                        # every running request appends a token
@@ -154,8 +133,7 @@ class ChurnSim:
                 del self.running[rid]
 
     def scattered(self) -> int:
-        c = self.bm._counters
-        return c["multi_block_allocations"] - c["contiguous_allocations"]
+        return self.placement.num_scattered
 
     def resample(self, draw: random.Random, ends: bool, arrivals: bool) -> None:
         """Replace the real future by one drawn from the workload's distributions."""
@@ -169,18 +147,18 @@ class ChurnSim:
 
 
 def kept_placement(sim: ChurnSim, num_new: int):
-    start = sim.bm._best_fit(num_new)
-    return None if start is None else (start, sim.bm._first_block_in(start, num_new))
+    start = sim.placement.best_fit(num_new)
+    return None if start is None else (start, sim.placement.first_block_in(start, num_new))
 
 
 def candidates(sim: ChurnSim, num_new: int) -> list:
-    bm = sim.bm
-    fits = sorted((end - start, start) for start, end in bm._starts.items() if end - start >= num_new)
+    placement = sim.placement
+    fits = sorted((end - start, start) for start, end in placement.ranges.ranges() if end - start >= num_new)
     if len(fits) < 2:
         return []
     out = []
     for _, start in dict.fromkeys(fits[:5] + fits[-2:]):
-        out.extend(dict.fromkeys([(start, start), (start, bm._first_block_in(start, num_new))]))
+        out.extend(dict.fromkeys([(start, start), (start, placement.first_block_in(start, num_new))]))
     return out
 
 
@@ -204,7 +182,7 @@ def make_planner(future: str, horizon: int, samples: int):
                     trial.resample(random.Random(hash((sim.next_id, len(sim.running), rep))), ends, arrivals)
                 before = trial.scattered()
                 rid, ntok, gen, _, max_tokens = request = trial.waiting.popleft()
-                trial.bm.force = cand
+                trial.placement.force = cand
                 trial.bm.allocate(rid, list(range(ntok)), max_tokens - gen)
                 trial.running[rid] = request[1:]
                 for _ in range(horizon):
@@ -228,7 +206,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--future", choices=("exact", "sampled", "ends", "arrivals"), default="exact")
     ap.add_argument("--mix", choices=[name.split()[0] for name in MIXES], default="churn",
-                    help="length mix of scripts/bench_block_manager.py (default: churn, the issue's)")
+                    help="length mix of scripts/bench_block_manager.py (default: churn, the benchmark's own)")
     ap.add_argument("--seeds", default="0-1", help="seed range, e.g. 0-1 (default) or 3")
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--horizon", type=int, default=200, help="steps each rollout looks ahead")
@@ -244,7 +222,7 @@ def main() -> None:
         kept = run(seed, args.steps, mix=MIXES[mix_name])
         t0 = time.perf_counter()
         plan = run(seed, args.steps, make_planner(args.future, args.horizon, args.samples), MIXES[mix_name])
-        print(f"seed {seed}: session 5-10 policy {kept['allocation_contiguity']:.3f} (contiguity {kept['contiguity']:.3f});"
+        print(f"seed {seed}: near-fit baseline {kept['allocation_contiguity']:.3f} (contiguity {kept['contiguity']:.3f});"
               f" lookahead {plan['allocation_contiguity']:.3f} (contiguity {plan['contiguity']:.3f})"
               f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
 

@@ -1,8 +1,8 @@
-"""Runs the placement variants of scripts/placement_catalogue.py on the churn benchmark (issue #2).
+"""Runs the placement variants of scripts/research/placement_catalogue.py on the churn benchmark.
 
-    .venv/bin/python scripts/placement_variants.py [--seeds 0-5] [--steps 4000] [--only a,b]
-    .venv/bin/python scripts/placement_variants.py --pools     # kept vs the session 5-10 policy on other pools
-    .venv/bin/python scripts/placement_variants.py --shaped-mixes --seeds 0-19   # ... on non-uniform length mixes
+    .venv/bin/python scripts/research/placement_variants.py [--seeds 0-5] [--steps 4000] [--only a,b]
+    .venv/bin/python scripts/research/placement_variants.py --pools     # kept vs the near-fit baseline on other pools
+    .venv/bin/python scripts/research/placement_variants.py --shaped-mixes --seeds 0-19   # ... on non-uniform mixes
 
 Prints, per variant and mix, allocation_contiguity per seed, the mean and the mean contiguity.
 """
@@ -13,9 +13,11 @@ import os
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, HERE)
 
 from bench_block_manager import MIXES, SHAPED_MIXES, OursAdapter, run_workload  # noqa: E402
 from placement_catalogue import VARIANTS  # noqa: E402
@@ -24,7 +26,7 @@ from script_args import require_at_least, seed_range  # noqa: E402
 
 def run_variant(name: str, mix_name: str, steps: int, seed: int) -> dict:
     cls, tell_end = VARIANTS[name]
-    return run_workload(OursAdapter("contiguous", 4096, 16, manager_cls=cls), MIXES[mix_name], steps,
+    return run_workload(OursAdapter("contiguous", 4096, 16, placement=cls), MIXES[mix_name], steps,
                         seed=seed, tell_end=tell_end)
 
 
@@ -37,7 +39,7 @@ def pool_table(names: list[str], seeds: list[int], steps: int) -> None:
     for num_blocks, block_size, lengths in POOLS:
         for name in names:
             cls, tell_end = VARIANTS[name]
-            rs = [run_workload(OursAdapter("contiguous", num_blocks, block_size, manager_cls=cls),
+            rs = [run_workload(OursAdapter("contiguous", num_blocks, block_size, placement=cls),
                                (lengths, lengths), steps, seed=seed, num_blocks=num_blocks,
                                block_size=block_size, tell_end=tell_end) for seed in seeds]
             mean_alloc = statistics.fmean(r["allocation_contiguity"] for r in rs)
@@ -53,7 +55,7 @@ def shaped_table(names: list[str], seeds: list[int], steps: int) -> None:
         base = None
         for name in names:
             cls, tell_end = VARIANTS[name]
-            rs = [run_workload(OursAdapter("contiguous", 4096, 16, manager_cls=cls), draw, steps, seed=seed,
+            rs = [run_workload(OursAdapter("contiguous", 4096, 16, placement=cls), draw, steps, seed=seed,
                                tell_end=tell_end) for seed in seeds]
             allocs = [r["allocation_contiguity"] for r in rs]
             line = (f"{mix_name:<66} {name:<22} mean {statistics.fmean(allocs):.3f}"
@@ -72,9 +74,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4000, help="steps of the churn mix (other mixes: half)")
     ap.add_argument("--only", default=None, help="comma-separated variant names (default: all)")
     ap.add_argument("--pools", action="store_true",
-                    help="instead: the kept and the session 5-10 policies on other pool sizes and length ranges")
+                    help="instead: the kept placement and the near-fit baseline on other pool sizes and length ranges")
     ap.add_argument("--shaped-mixes", action="store_true",
-                    help="instead: the session 5-10 and the kept policies on non-uniform length mixes")
+                    help="instead: the near-fit baseline and the kept placement on non-uniform length mixes")
     args = ap.parse_args()
     names = list(VARIANTS) if args.only is None else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in names if n not in VARIANTS]
@@ -83,10 +85,10 @@ def main() -> None:
     seeds = seed_range(ap, args.seeds)
     require_at_least(ap, args, 4, "steps", why=" (the other mixes run half as many)")
     if args.shaped_mixes:
-        shaped_table(names if args.only else ["session 5-10 policy", "kept policy"], seeds, 3000)
+        shaped_table(names if args.only else ["near-fit baseline", "kept policy"], seeds, 3000)
         return
     if args.pools:
-        pool_table(names if args.only else ["kept policy", "session 5-10 policy"], seeds, args.steps)
+        pool_table(names if args.only else ["kept policy", "near-fit baseline"], seeds, args.steps)
         return
     print(f"allocation_contiguity per seed {seeds[0]}..{seeds[-1]}, mean, and mean contiguity")
     for mix_name in MIXES:
