@@ -14,10 +14,11 @@ import collections
 import math
 from dataclasses import dataclass, field
 
-from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
+from ms_atb.core.block_manager import PLACEMENTS, BlockManager, NoFreeBlocksError
 from ms_atb.core.sequence import Sequence, SequenceStatus
 
-ALLOCATIONS = ("contiguous", "scattered", "static")
+# the block manager's placements, and "static": the article's baseline, an admission policy of the scheduler
+ALLOCATIONS = PLACEMENTS + ("static",)
 
 
 @dataclass
