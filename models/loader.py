@@ -112,7 +112,10 @@ def load_config(path) -> LlamaConfig:
     if kind == "random":
         return LlamaConfig(**_parse_random(path)[0])
     if kind == "gguf":
-        return LlamaConfig(**gguf_reader.config_dict(path))
+        try:
+            return LlamaConfig(**gguf_reader.config_dict(path))
+        except ValueError as e:                 # LlamaConfig's own checks do not know the file
+            raise e if path in str(e) else ValueError(f"{path}: {e}") from None
     if kind == "hf":
         return _hf_config(read_json_object(os.path.join(path, "config.json"), "an HF model directory"))
     return _ckpt_config(path)

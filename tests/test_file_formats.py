@@ -83,3 +83,126 @@ def test_shard_name_must_be_a_file_name(tmp_path, bad):
     index.write_text(json.dumps(d))
     with pytest.raises(ValueError, match=r"index.json: weight_map values must be file names"):
         list(iter_weights(str(tmp_path / "m"), load_config(str(tmp_path / "m"))))
+
+
+# ------------------------------------------------------------ A: GGUF, byte by byte
+
+def _tiny_gguf(path) -> int:
+    """A small llama GGUF with a byte-level BPE vocabulary; returns where its tensor data starts."""
+    import gguf
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + list("abcdehlo ") + ["ab", "he", "ll", "llo",
+                                                                                    "hello"]
+    merges = ["a b", "h e", "l l", "ll o", "he llo"]
+    hidden, inter, vocab = 8, 16, len(tokens)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_block_count(1)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (vocab - 3))
+    w.add_token_merges(merges)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,),
+              "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
+              "blk.0.attn_q.weight": (hidden, hidden), "blk.0.attn_k.weight": (4, hidden),
+              "blk.0.attn_v.weight": (4, hidden), "blk.0.attn_output.weight": (hidden, hidden),
+              "blk.0.ffn_gate.weight": (inter, hidden), "blk.0.ffn_up.weight": (inter, hidden),
+              "blk.0.ffn_down.weight": (hidden, inter)}
+    for name, shape in shapes.items():
+        a = rng.standard_normal(shape).astype(np.float32)
+        w.add_tensor(name, a.astype(np.float16) if name.endswith("ffn_up.weight") else a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return min(int(t.data_offset) for t in gguf.GGUFReader(str(path)).tensors)
+
+
+def _engine_reads(path: str):
+    """What the engine reads from a model file: its config, every weight, its tokenizer."""
+    from ms_atb.text.tokenizer import load_tokenizer
+    config = load_config(path)
+    for _ in iter_weights(path, config):
+        pass
+    tok = load_tokenizer(path)
+    tok.decode(tok.encode("hello ab"))
+
+
+def _outcome(path: str) -> str | None:
+    """None if the file loads or is refused with a ValueError naming it; else what went wrong."""
+    try:
+        _engine_reads(path)
+    except ValueError as e:
+        return None if path in str(e) else f"ValueError not naming the file: {e}"
+    except Exception as e:          # noqa: BLE001 -- the point of the test: nothing else may escape
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def test_tiny_gguf_loads(tmp_path):
+    _tiny_gguf(tmp_path / "m.gguf")
+    _engine_reads(str(tmp_path / "m.gguf"))
+
+
+def test_every_header_byte_flipped_or_cut_loads_or_names_the_file(tmp_path):
+    good = tmp_path / "good.gguf"
+    data_start = _tiny_gguf(good)
+    data = good.read_bytes()
+    path = str(tmp_path / "bad.gguf")
+    failures = []
+    cases = [(f"byte {i} ^ {x:#x}", data[:i] + bytes([data[i] ^ x]) + data[i + 1:])
+             for i in range(data_start) for x in ((0xFF, 0x01) if i < 24 else (0xFF,))]
+    cases += [(f"cut at {n}", data[:n]) for n in list(range(0, data_start, 3)) + [len(data) - 1]]
+    for what, blob in cases:
+        with open(path, "wb") as f:
+            f.write(blob)
+        problem = _outcome(path)
+        if problem:
+            failures.append(f"{what}: {problem}")
+    assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("general.alignment", 0, r"general.alignment is 0; it must be a power of two"),
+    ("general.alignment", 24, r"general.alignment is 24; it must be a power of two"),
+    ("llama.attention.head_count", 0, r"metadata llama.attention.head_count must be an integer >= 1"),
+    ("llama.block_count", 10**6, r"llama.block_count is 1000000, but the file holds only 11 tensors"),
+    ("tokenizer.ggml.eos_token_id", 99, r"tokenizer.ggml.eos_token_id 99 is outside the vocabulary"),
+])
+def test_bad_gguf_metadata_values(tmp_path, key, value, match):
+    import gguf
+    _tiny_gguf(tmp_path / "m.gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")
+    # rewrite the file with one value changed: the reader's own parse gives everything else back
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    for field in reader.fields.values():
+        if field.name in ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture", key):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            items = [field.parts[i].tobytes().decode() if field.types[1] == gguf.GGUFValueType.STRING
+                     else field.parts[i].tolist()[0] for i in field.data]
+            w.add_array(field.name, items)
+        elif vtype == gguf.GGUFValueType.STRING:
+            w.add_string(field.name, field.parts[field.data[0]].tobytes().decode())
+        else:
+            w.add_key_value(field.name, field.parts[field.data[0]].tolist()[0], vtype)
+    w.add_uint32(key, value)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data).reshape(tuple(reversed(t.shape.tolist()))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=str(tmp_path / "bad.gguf") + ".*" + match):
+        _engine_reads(str(tmp_path / "bad.gguf"))

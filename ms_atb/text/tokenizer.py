@@ -178,14 +178,13 @@ def load_tokenizer(path: str, vocab_size: int | None = None) -> Tokenizer | None
 def _load_gguf(path: str) -> Tokenizer:
     from ms_atb.text.gguf_vocab import build_byte_level, build_spm, read_gguf_vocab
     vocab = read_gguf_vocab(path)
-    if vocab.model == "gpt2":
-        backend, token_bytes, special = build_byte_level(vocab)
-        strip = False
-    elif vocab.model == "llama":
-        backend, token_bytes, special = build_spm(vocab)
-        strip = vocab.add_space_prefix
-    else:
+    if vocab.model not in ("gpt2", "llama"):
         raise ValueError(f"{path}: GGUF tokenizer model {vocab.model!r} is not supported (allowed: gpt2, llama)")
+    try:
+        backend, token_bytes, special = (build_byte_level if vocab.model == "gpt2" else build_spm)(vocab)
+    except Exception as e:      # the tokenizers package raises a bare Exception for a vocabulary it refuses
+        raise ValueError(f"{path}: the GGUF vocabulary cannot be built ({type(e).__name__}: {e})") from None
+    strip = vocab.model == "llama" and vocab.add_space_prefix
     return Tokenizer(lambda t: backend.encode(t, add_special_tokens=False).ids, token_bytes, special,
                      vocab.bos_token_id, vocab.eos_token_id, vocab.add_bos_token, vocab.chat_template,
                      strip_leading_space=strip, token_to_id=backend.token_to_id)
