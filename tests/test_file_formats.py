@@ -206,3 +206,47 @@ def test_bad_gguf_metadata_values(tmp_path, key, value, match):
     w.close()
     with pytest.raises(ValueError, match=str(tmp_path / "bad.gguf") + ".*" + match):
         _engine_reads(str(tmp_path / "bad.gguf"))
+
+
+# ------------------------------------------------------------ A: the other formats, garbled or cut
+
+def _garbles(data: bytes) -> list[bytes]:
+    return [b"", data[:len(data) // 2], data[:7], bytes(b ^ 0x5A for b in data[:64]) + data[64:]]
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "tokenizer.model"])
+def test_garbled_tokenizer_files_name_the_file(tmp_path, name):
+    from ms_atb.text.tokenizer import load_tokenizer
+    good = {"tokenizer.json": b'{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1},'
+                              b' "unk_token": "[UNK]"}, "pre_tokenizer": {"type": "Whitespace"}}',
+            "tokenizer_config.json": b'{"bos_token": "a", "add_bos_token": false}'}
+    for case in _garbles(good.get(name, b"\x0a\x0b" + os.urandom(200))):
+        d = tmp_path / "tok"
+        d.mkdir(exist_ok=True)
+        for other, content in good.items():
+            (d / other).write_bytes(content)
+        if name == "tokenizer.model":
+            (d / "tokenizer.json").unlink()
+        (d / name).write_bytes(case)
+        with pytest.raises(ValueError, match=str(d / name)):
+            load_tokenizer(str(d))
+
+
+def test_garbled_checkpoint_and_yaml_name_the_file(tmp_path):
+    import mindspore as ms
+    ms.save_checkpoint([{"name": "model.norm_out.weight", "data": ms.Tensor(np.ones(4, np.float32))}],
+                       str(tmp_path / "m.ckpt"))
+    data = (tmp_path / "m.ckpt").read_bytes()
+    (tmp_path / "m.yaml").write_text("model:\n  model_config:\n    hidden_size: 32\n    num_heads: 4\n"
+                                     "    num_layers: 1\n    vocab_size: 48\n    intermediate_size: 64\n"
+                                     "    max_position_embedding: 64\n    rms_norm_eps: 1.0e-6\n")
+    c = load_config(str(tmp_path / "m.ckpt"))
+    for case in _garbles(data):
+        (tmp_path / "m.ckpt").write_bytes(case)
+        with pytest.raises(ValueError, match=str(tmp_path / "m.ckpt")):
+            list(iter_weights(str(tmp_path / "m.ckpt"), c))
+    for text in ("model: [unclosed", "- a\n- b\n", "model:\n  model_config:\n    hidden_size: x\n    num_heads: 4\n",
+                 "model:\n  model_config:\n    hidden_size: 32\n    num_heads: 0\n"):
+        (tmp_path / "m.yaml").write_text(text)
+        with pytest.raises(ValueError, match=str(tmp_path / "m.yaml")):
+            load_config(str(tmp_path / "m.ckpt"))

@@ -276,7 +276,11 @@ def _special_ids_from_config(cfg: dict, token_to_id) -> tuple[int | None, int | 
 
 def _load_sentencepiece(path: str, cfg: dict) -> Tokenizer:
     import sentencepiece as spm
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(path, "tokenizer.model"))
+    file = os.path.join(path, "tokenizer.model")
+    try:
+        sp = spm.SentencePieceProcessor(model_file=file)
+    except Exception as e:          # sentencepiece raises RuntimeError/OSError for a bad file
+        raise ValueError(f"{file}: not a readable sentencepiece model ({e})") from None
     n = sp.get_piece_size()
     pieces = [sp.id_to_piece(i) for i in range(n)]
     special = {i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)}
