@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import datetime
 from functools import cached_property
 from typing import Callable
 
+from ms_atb.text.chat_template import compile_chat_template, render_chat_template
 from ms_atb.text.gguf_vocab import byte_level_token_bytes, spm_token_bytes
 
 # End-of-turn tokens that stop generation when the chat template uses them.
@@ -114,34 +114,20 @@ class Tokenizer:
             raise ValueError("a conversation must be a non-empty list of {'role': str, 'content': str} dicts")
         if not isinstance(add_generation_prompt, bool):
             raise ValueError(f"add_generation_prompt must be a bool, got {add_generation_prompt!r}")
-        template = self._compiled_template
         try:
-            return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-        except ValueError:                  # raise_exception() in the template: already says what is wrong
+            return render_chat_template(self._compiled_template, messages=list(messages),
+                                        add_generation_prompt=add_generation_prompt,
+                                        bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except ValueError:                  # raise_exception() or a limit: already says what is wrong
             raise
         except Exception as e:              # jinja2's UndefinedError, or the template's own arithmetic
             raise ValueError(f"the chat template failed on this conversation ({type(e).__name__}: {e})") from None
 
     @cached_property
     def _compiled_template(self):
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise ValueError(f"chat template: {message}")
-
-        # HF's settings: {% break %} / {% continue %} (loop controls) are allowed in templates
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise ValueError(f"the chat template must be a string, got {type(self.chat_template).__name__}")
-        try:
-            return env.from_string(self.chat_template or _FALLBACK_TEMPLATE)
-        except TemplateError as e:
-            raise ValueError(f"invalid chat template: {e}") from e
+        return compile_chat_template(self.chat_template or _FALLBACK_TEMPLATE)
 
 
 class ByteTokenizer(Tokenizer):
