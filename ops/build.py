@@ -1,5 +1,7 @@
 """Compiles the C++ kernels of ops/ into one shared library, cached on disk.
 
+The cache is trusted as ops/trusted_cache.py says: its directory must be the user's own and closed
+to others' writes, and the library is loaded only if its sha256 is the one recorded when it was built.
 The cache key hashes the sources, the compiler (path and version), the flags and the CPU
 (-march=native code only runs where it was built). Compilation goes to a temporary file that
 is renamed into place, so processes racing on one cache (msrun ranks) never see half a file.
@@ -14,6 +16,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from ms_atb.ops.trusted_cache import file_digest, private_dir, record_digest, recorded_digest
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("elementwise.cc", "matmul.cc", "paged_attention.cc", "reshape_and_cache.cc")
@@ -64,14 +68,15 @@ def cache_key(compiler: str) -> str:
 def kernel_library() -> str:
     """Path of the compiled kernel library, building it on first use."""
     compiler = find_compiler()
-    target = cache_dir() / f"ms_atb_kernels_{cache_key(compiler)}.so"
-    if target.exists():
-        if is_complete_elf(target):
-            return str(target)
-        # damaged on disk (a torn copy, a full disk): loading it would crash the process. Another rank
-        # sharing the cache may have removed it already.
-        target.unlink(missing_ok=True)
+    folder = private_dir(cache_dir(), "the kernel cache (MS_ATB_KERNEL_CACHE)")
+    target = folder / f"ms_atb_kernels_{cache_key(compiler)}.so"
+    # Loaded only if it is the library this cache recorded building; anything else there (a torn
+    # copy, a planted file) is replaced by a fresh build, atomically, so a rank sharing the cache
+    # that already holds the path still finds a complete library.
+    if target.exists() and is_complete_elf(target) and recorded_digest(target) == file_digest(target):
+        return str(target)
     compile_library(target)
+    record_digest(target, file_digest(target))
     return str(target)
 
 
@@ -101,11 +106,7 @@ def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOUR
     extra_flags serve the tests, which build the AVX2 and portable paths on a CPU that has AVX-512."""
     compiler = find_compiler()
     target = Path(target)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"the kernel cache {str(target.parent)!r} (MS_ATB_KERNEL_CACHE) is not a usable "
-                         f"directory: {e.strerror}") from None
+    private_dir(target.parent, "the kernel cache (MS_ATB_KERNEL_CACHE)")
     for stale in target.parent.glob("*.tmp.so"):    # left by builds killed midway; a build takes minutes
         try:
             if time.time() - stale.stat().st_mtime > STALE_BUILD_S:

@@ -67,6 +67,45 @@ then
   exit 2
 fi
 
-exec msrun --worker_num="$TP" --local_worker_num="$((TP / NODES))" --node_rank="$NODE_RANK" \
+# msrun runs in a session (and process group) of its own, so that a signal reaches the whole job: msrun,
+# its scheduler and the `tail -f` it runs on the logs share that group; its workers start sessions of
+# their own, so they are found as msrun's descendants (before msrun exits and they are reparented) and
+# signalled with their groups. On SIGINT/SIGTERM all of them get SIGTERM, STOP_GRACE_S seconds to exit,
+# then SIGKILL; after a normal end, whatever is left (the tails) is ended too. No process stays behind.
+STOP_GRACE_S="${MS_ATB_STOP_GRACE_S:-10}"
+setsid msrun --worker_num="$TP" --local_worker_num="$((TP / NODES))" --node_rank="$NODE_RANK" \
   --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --log_dir="$LOG_DIR" --join=True \
-  "$ROOT/scripts/generate.py" --set "tensor_parallel_size=$TP" "$@"
+  "$ROOT/scripts/generate.py" --set "tensor_parallel_size=$TP" "$@" &
+JOB=$!           # a background child of a non-interactive shell leads no group: setsid makes its pid the group id
+
+descendants() { local k; for k in $(pgrep -P "$1" 2>/dev/null); do echo "$k"; descendants "$k"; done; }
+signal_all() {   # $1: signal; $2...: pids, each signalled with its group when it leads one
+  local sig=$1 p; shift
+  kill "-$sig" -- "-$JOB" 2>/dev/null || true
+  for p in "$@"; do kill "-$sig" -- "-$p" 2>/dev/null || kill "-$sig" "$p" 2>/dev/null || true; done
+}
+any_alive() { local p; kill -0 -- "-$JOB" 2>/dev/null && return 0
+  for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+end_job() {      # $1: seconds the job may take to exit after SIGTERM
+  local pids waited=0
+  pids=$(descendants "$JOB")
+  # shellcheck disable=SC2086
+  signal_all TERM $pids
+  # shellcheck disable=SC2086
+  while any_alive $pids && (( waited < $1 * 10 )); do sleep 0.1; waited=$((waited + 1)); done
+  # shellcheck disable=SC2086
+  signal_all KILL $pids
+}
+on_signal() {
+  trap '' INT TERM
+  echo "msrun_generate.sh: stopping the job (msrun, its scheduler and workers; at most ${STOP_GRACE_S}s)" >&2
+  end_job "$STOP_GRACE_S"
+  wait "$JOB" 2>/dev/null || true
+  exit "$1"
+}
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
+rc=0
+wait "$JOB" || rc=$?
+end_job 1
+exit "$rc"

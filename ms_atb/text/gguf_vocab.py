@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from ms_atb.models.gguf_file import GGUFFile
 
 # llama.cpp token types
 TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
@@ -54,71 +55,35 @@ class GGUFVocab:
     chat_template: str | None
 
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
-             12: "<f8"}
-_STRING, _ARRAY = 8, 9
-
-
-def read_gguf_metadata(path: str) -> dict:
-    """The key/value metadata of a GGUF file (v2/v3, little-endian), without touching its tensors."""
-    import mmap
-    import struct
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} is not supported (allowed: 2, 3)")
-        pos = 24
-
-        def string():
-            nonlocal pos
-            (n,) = struct.unpack_from("<Q", buf, pos)
-            pos += 8 + n
-            return bytes(buf[pos - n:pos]).decode("utf-8", errors="replace")
-
-        def value(kind):
-            nonlocal pos
-            if kind == _STRING:
-                return string()
-            if kind == _ARRAY:
-                sub, n = struct.unpack_from("<IQ", buf, pos)
-                pos += 12
-                if sub in _NP_TYPES:
-                    arr = np.frombuffer(buf, dtype=_NP_TYPES[sub], count=n, offset=pos).copy()
-                    pos += arr.nbytes
-                    return arr.tolist()
-                return [value(sub) for _ in range(n)]
-            fmt = _SCALARS[kind]
-            (v,) = struct.unpack_from(fmt, buf, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        meta = {}
-        for _ in range(n_kv):
-            key = string()
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            pos += 4
-            meta[key] = value(kind)
-        return meta
-
-
 def read_gguf_vocab(path: str) -> GGUFVocab:
-    meta = read_gguf_metadata(path)
-    model = meta.get("tokenizer.ggml.model")
+    """The vocabulary in a GGUF file's metadata; ValueError naming the file for a missing or ill-typed
+    entry, lists of unequal lengths, or a special token id outside the vocabulary."""
+    f = GGUFFile(path)
+    model = f.get_str("tokenizer.ggml.model")
     if model is None:
         raise ValueError(f"{path}: the GGUF file has no embedded tokenizer (tokenizer.ggml.model)")
-    tokens = meta["tokenizer.ggml.tokens"]
-    types = meta.get("tokenizer.ggml.token_type") or [TYPE_NORMAL] * len(tokens)
+    tokens = f.get_array("tokenizer.ggml.tokens", "str")
+    if not tokens:
+        raise ValueError(f"{path}: the GGUF tokenizer has no tokens (tokenizer.ggml.tokens)")
+    types = f.get_array("tokenizer.ggml.token_type", "int") or [TYPE_NORMAL] * len(tokens)
+    scores = f.get_array("tokenizer.ggml.scores", "number")
+    for key, values in (("token_type", types), ("scores", scores)):
+        if values is not None and len(values) != len(tokens):
+            raise ValueError(f"{path}: tokenizer.ggml.{key} has {len(values)} entries for {len(tokens)} tokens")
+    ids = {}
+    for name in ("bos", "eos", "unknown"):
+        i = f.get_int(f"tokenizer.ggml.{name}_token_id")
+        if i is not None and not 0 <= i < len(tokens):
+            raise ValueError(f"{path}: tokenizer.ggml.{name}_token_id {i} is outside the vocabulary "
+                             f"[0, {len(tokens)})")
+        ids[name] = i
     return GGUFVocab(
-        model=model, pre=meta.get("tokenizer.ggml.pre", "default"), tokens=tokens,
-        token_types=[int(t) for t in types], scores=meta.get("tokenizer.ggml.scores"),
-        merges=meta.get("tokenizer.ggml.merges"), bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), unk_token_id=meta.get("tokenizer.ggml.unknown_token_id"),
-        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
-        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama")),
-        chat_template=meta.get("tokenizer.chat_template"),
+        model=model, pre=f.get_str("tokenizer.ggml.pre", "default"), tokens=tokens, token_types=types,
+        scores=scores, merges=f.get_array("tokenizer.ggml.merges", "str"), bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"], unk_token_id=ids["unknown"],
+        add_bos_token=f.get_bool("tokenizer.ggml.add_bos_token", model == "llama"),
+        add_space_prefix=f.get_bool("tokenizer.ggml.add_space_prefix", model == "llama"),
+        chat_template=f.get_str("tokenizer.chat_template"),
     )
 
 

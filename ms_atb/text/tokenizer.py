@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import datetime
 from functools import cached_property
 from typing import Callable
 
+from ms_atb.text.chat_template import compile_chat_template, render_chat_template
 from ms_atb.text.gguf_vocab import byte_level_token_bytes, spm_token_bytes
 
 # End-of-turn tokens that stop generation when the chat template uses them.
@@ -114,34 +114,20 @@ class Tokenizer:
             raise ValueError("a conversation must be a non-empty list of {'role': str, 'content': str} dicts")
         if not isinstance(add_generation_prompt, bool):
             raise ValueError(f"add_generation_prompt must be a bool, got {add_generation_prompt!r}")
-        template = self._compiled_template
         try:
-            return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-        except ValueError:                  # raise_exception() in the template: already says what is wrong
+            return render_chat_template(self._compiled_template, messages=list(messages),
+                                        add_generation_prompt=add_generation_prompt,
+                                        bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except ValueError:                  # raise_exception() or a limit: already says what is wrong
             raise
         except Exception as e:              # jinja2's UndefinedError, or the template's own arithmetic
             raise ValueError(f"the chat template failed on this conversation ({type(e).__name__}: {e})") from None
 
     @cached_property
     def _compiled_template(self):
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise ValueError(f"chat template: {message}")
-
-        # HF's settings: {% break %} / {% continue %} (loop controls) are allowed in templates
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise ValueError(f"the chat template must be a string, got {type(self.chat_template).__name__}")
-        try:
-            return env.from_string(self.chat_template or _FALLBACK_TEMPLATE)
-        except TemplateError as e:
-            raise ValueError(f"invalid chat template: {e}") from e
+        return compile_chat_template(self.chat_template or _FALLBACK_TEMPLATE)
 
 
 class ByteTokenizer(Tokenizer):
@@ -178,14 +164,13 @@ def load_tokenizer(path: str, vocab_size: int | None = None) -> Tokenizer | None
 def _load_gguf(path: str) -> Tokenizer:
     from ms_atb.text.gguf_vocab import build_byte_level, build_spm, read_gguf_vocab
     vocab = read_gguf_vocab(path)
-    if vocab.model == "gpt2":
-        backend, token_bytes, special = build_byte_level(vocab)
-        strip = False
-    elif vocab.model == "llama":
-        backend, token_bytes, special = build_spm(vocab)
-        strip = vocab.add_space_prefix
-    else:
+    if vocab.model not in ("gpt2", "llama"):
         raise ValueError(f"{path}: GGUF tokenizer model {vocab.model!r} is not supported (allowed: gpt2, llama)")
+    try:
+        backend, token_bytes, special = (build_byte_level if vocab.model == "gpt2" else build_spm)(vocab)
+    except Exception as e:      # the tokenizers package raises a bare Exception for a vocabulary it refuses
+        raise ValueError(f"{path}: the GGUF vocabulary cannot be built ({type(e).__name__}: {e})") from None
+    strip = vocab.model == "llama" and vocab.add_space_prefix
     return Tokenizer(lambda t: backend.encode(t, add_special_tokens=False).ids, token_bytes, special,
                      vocab.bos_token_id, vocab.eos_token_id, vocab.add_bos_token, vocab.chat_template,
                      strip_leading_space=strip, token_to_id=backend.token_to_id)
@@ -277,7 +262,11 @@ def _special_ids_from_config(cfg: dict, token_to_id) -> tuple[int | None, int | 
 
 def _load_sentencepiece(path: str, cfg: dict) -> Tokenizer:
     import sentencepiece as spm
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(path, "tokenizer.model"))
+    file = os.path.join(path, "tokenizer.model")
+    try:
+        sp = spm.SentencePieceProcessor(model_file=file)
+    except Exception as e:          # sentencepiece raises RuntimeError/OSError for a bad file
+        raise ValueError(f"{file}: not a readable sentencepiece model ({e})") from None
     n = sp.get_piece_size()
     pieces = [sp.id_to_piece(i) for i in range(n)]
     special = {i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)}

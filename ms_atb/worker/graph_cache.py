@@ -11,7 +11,10 @@ input shapes nor the model, and the path is fixed by the first graph compiled wi
   for the first engine in a process that asks for it (later ones compile as usual);
 - a new directory is written under a temporary name and renamed into place when the whole warmup
   succeeded, so a killed run or a racing process never leaves a partial cache behind;
-- a cache that fails to load is removed and the graphs are compiled afresh.
+- a cache that fails to load is removed and the graphs are compiled afresh;
+- trust (ops/trusted_cache.py): the root must be the user's own and closed to others' writes
+  (else a ValueError), and a directory is loaded only if the sha256 over its files is the one
+  recorded (`<key>.sha256` beside it) when it was saved; any other is removed and compiled afresh.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from ms_atb.ops.trusted_cache import forget, private_dir, record_digest, recorded_digest, tree_digest
 
 FORMAT = 1                # bump when the layout or the key changes
 _PACKAGES = ("ms_atb", "ms_atb.models", "ms_atb.ops")
@@ -106,15 +111,14 @@ class GraphCache:
         # MindSpore also hashes the entry script and recompiles in place when it changed: one directory
         # per script keeps two programs from overwriting each other's graphs.
         entry = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        private_dir(self.root, "context.compile_cache")
         self.path = self.root / cache_key({**self.parts, "entry_script": entry})
-        if self.path.is_dir():
+        if self.path.is_dir() and not os.path.islink(self.path) \
+                and recorded_digest(self.path) == tree_digest(self.path):
             self.status, target = "loaded", self.path
         else:
-            try:
-                self.root.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ValueError(f"context.compile_cache {str(self.root)!r}: cannot create it "
-                                 f"({e.strerror})") from None
+            shutil.rmtree(self.path, ignore_errors=True)      # unrecorded or changed since it was saved
+            forget(self.path)
             sweep_dead_temps(self.root)
             self._tmp = target = self.root / f"{self.path.name}.tmp-{os.getpid()}"
             shutil.rmtree(target, ignore_errors=True)
@@ -134,11 +138,15 @@ class GraphCache:
                 os.environ[k] = v
         if self._tmp is not None:
             if exc_type is None and not self.path.exists():
+                digest = tree_digest(self._tmp)
                 try:
                     os.rename(self._tmp, self.path)
+                    if digest is not None:
+                        record_digest(self.path, digest)
                 except OSError:                  # another process renamed its copy first
                     pass
             shutil.rmtree(self._tmp, ignore_errors=True)
         elif exc_type is not None:                # a cache that failed to load: remove it
             shutil.rmtree(self.path, ignore_errors=True)
+            forget(self.path)
         return False

@@ -1,0 +1,134 @@
+"""Cached code (the kernel library, compiled graphs) is loaded only from a directory that is the user's own
+and closed to others' writes, and only when its sha256 is the one recorded when it was built."""
+import os
+import shutil
+
+import pytest
+
+from ms_atb.ops import build
+from ms_atb.worker import graph_cache
+from ms_atb.worker.graph_cache import GraphCache
+
+ELF = shutil.which("true") or "/bin/true"        # any complete ELF file stands in for a built library
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """MS_ATB_KERNEL_CACHE in tmp_path, with a stand-in compiler step that counts its builds."""
+    folder = tmp_path / "kernels"
+    monkeypatch.setenv("MS_ATB_KERNEL_CACHE", str(folder))
+    builds = []
+
+    def fake_compile(target, extra_flags=(), sources=build.SOURCES):
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(ELF, target)
+        builds.append(target)
+
+    monkeypatch.setattr(build, "compile_library", fake_compile)
+    build.kernel_library.cache_clear()
+    yield folder, builds
+    build.kernel_library.cache_clear()
+
+
+def _target(folder):
+    return folder / f"ms_atb_kernels_{build.cache_key(build.find_compiler())}.so"
+
+
+def test_a_good_kernel_cache_is_reused(kernel_cache):
+    folder, builds = kernel_cache
+    path = build.kernel_library()
+    assert len(builds) == 1 and oct(os.stat(folder).st_mode & 0o777) == "0o700"
+    build.kernel_library.cache_clear()
+    assert build.kernel_library() == path and len(builds) == 1
+
+
+@pytest.mark.parametrize("record", [None, "0" * 64])
+def test_a_planted_library_is_not_loaded_but_rebuilt(kernel_cache, record):
+    folder, builds = kernel_cache
+    folder.mkdir(mode=0o700)
+    planted = _target(folder)
+    shutil.copyfile(ELF, planted)
+    with open(planted, "ab") as f:
+        f.write(b"planted")                        # still a complete ELF, not the one built here
+    if record is not None:
+        (folder / (planted.name + ".sha256")).write_text(record)
+    assert build.kernel_library() == str(planted)
+    assert len(builds) == 1 and not planted.read_bytes().endswith(b"planted")
+
+
+def test_a_library_changed_after_its_build_is_rebuilt(kernel_cache):
+    folder, builds = kernel_cache
+    path = build.kernel_library()
+    with open(path, "ab") as f:
+        f.write(b"x")
+    build.kernel_library.cache_clear()
+    build.kernel_library()
+    assert len(builds) == 2
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757, 0o720])
+def test_a_kernel_cache_others_can_write_is_refused(kernel_cache, mode):
+    folder, builds = kernel_cache
+    folder.mkdir()
+    os.chmod(folder, mode)
+    with pytest.raises(ValueError, match=r"kernel cache .* is writable by group or others .*chmod go-w"):
+        build.kernel_library()
+    assert not builds
+
+
+def test_a_kernel_cache_of_another_user_is_refused(kernel_cache):
+    folder, builds = kernel_cache
+    folder.mkdir(mode=0o700)
+    try:
+        os.chown(folder, os.geteuid() + 1, -1)
+    except PermissionError:
+        pytest.skip("chown needs privileges here")
+    with pytest.raises(ValueError, match=r"belongs to uid \d+, not to you"):
+        build.kernel_library()
+    assert not builds
+
+
+# ------------------------------------------------------------ compiled graphs
+
+def _warmup(root, parts=None):
+    """A GraphCache round as the engine does it; 'compiling' writes one graph file."""
+    graph_cache._claimed_by_pid = None
+    with GraphCache(str(root), parts or {"model": "m"}) as cache:
+        if cache.status == "saved":
+            target = os.environ["MS_COMPILER_CACHE_PATH"]
+            os.makedirs(target, exist_ok=True)
+            with open(os.path.join(target, "compile_cache_0.mindir"), "w") as f:
+                f.write("graph")
+    graph_cache._claimed_by_pid = None
+    return cache
+
+
+def test_a_good_graph_cache_is_reused(tmp_path):
+    assert _warmup(tmp_path / "g").status == "saved"
+    assert _warmup(tmp_path / "g").status == "loaded"
+
+
+@pytest.mark.parametrize("tamper", ["planted", "changed", "added", "record"])
+def test_an_unrecorded_or_changed_graph_cache_is_compiled_afresh(tmp_path, tamper):
+    first = _warmup(tmp_path / "g")
+    if tamper == "planted":                           # a directory with the right name, never recorded
+        os.unlink(str(first.path) + ".sha256")
+    elif tamper == "changed":
+        (first.path / "compile_cache_0.mindir").write_text("other code")
+    elif tamper == "added":
+        (first.path / "compile_cache_1.mindir").write_text("more code")
+    else:
+        open(str(first.path) + ".sha256", "w").write("0" * 64)
+    again = _warmup(tmp_path / "g")
+    assert again.status == "saved"
+    assert (again.path / "compile_cache_0.mindir").read_text() == "graph"
+    assert sorted(os.listdir(again.path)) == ["compile_cache_0.mindir"]
+    assert _warmup(tmp_path / "g").status == "loaded"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
+def test_a_graph_cache_others_can_write_is_refused(tmp_path, mode):
+    (tmp_path / "g").mkdir()
+    os.chmod(tmp_path / "g", mode)
+    with pytest.raises(ValueError, match=r"context.compile_cache .* is writable by group or others"):
+        _warmup(tmp_path / "g")
