@@ -85,9 +85,9 @@ def test_a_model_larger_than_memory_is_refused_before_any_weight_is_read(monkeyp
     monkeypatch.setattr(loader, "iter_weights", no_read)
     monkeypatch.setattr(ms_atb.llm, "_available_memory", lambda: 8 * GIB)
     t0 = time.perf_counter()
-    with pytest.raises(ValueError, match=r"random:tiny-llama\?vocab_size=40000000' with 64 KV blocks needs 19\.\d\d GiB "
-                                         r"of memory \(weights 19\.\d\d GiB, KV cache 0\.00 GiB\) but this process "
-                                         r"has 8\.00 GiB available"):
+    with pytest.raises(ValueError, match=r"random:tiny-llama\?vocab_size=40000000' with 64 KV blocks needs "
+                                         r"19\.\d\d GiB of memory \(weights 19\.\d\d GiB, KV cache 0\.00 GiB\) "
+                                         r"but this process has 8\.00 GiB available"):
         LLM(TINY, path="random:tiny-llama?vocab_size=40000000", num_blocks=64)
     assert time.perf_counter() - t0 < 30
     monkeypatch.undo()
