@@ -1,15 +1,21 @@
 """ms-atb-generate: offline batch generation from a prompt file into JSONL.
 
 Input: a text file (one prompt per line; "\\n" in a line is a newline) or JSONL lines with "prompt"
-(a string or token ids) or "messages" (a chat), an optional "id" and optional sampling fields. Each
+(a string or token ids) or "messages" (a chat), an optional "id" (a string or an integer, written back
+as given) and optional sampling fields; `--input -` reads standard input (ms_atb/prompt_file.py). Each
 request is written and flushed as soon as it finishes; --resume skips ids already in the output, so
 an interrupted run loses nothing and duplicates nothing. With --skip-invalid, a request that cannot
 run (bad JSON, a bad sampling field, a prompt too long...) is written as {"id", "error"} and the
 others run; --resume counts those lines as done.
+
+One job writes an output at a time: a second one exits with status 2 at once, whatever its mode
+(ms_atb/output_file.py). Exit status: 0 done, 2 a usage or input error, 130 Ctrl-C, 143 SIGTERM; after
+an interruption the output holds complete result lines only.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -17,7 +23,12 @@ import os
 import sys
 import time
 
+from ms_atb.output_file import OutputLock, done_ids
+from ms_atb.prompt_file import STDIN, STDIN_NAME, read_requests
 from ms_atb.sampling_params import SamplingParams
+from ms_atb.termination import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, watch_signals
+
+__all__ = ["main", "parse_args", "read_requests", "done_ids"]
 
 
 # Sampling defaults settable on the command line (--max-tokens ...), with their types; plus --ignore-eos.
@@ -33,7 +44,9 @@ BEAM_CHUNK = 16                                 # prompts per beam search call: 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ms-atb-generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="YAML config, HF directory or .gguf file")
-    p.add_argument("--input", required=True, help="prompts: .txt (one per line) or .jsonl")
+    p.add_argument("--input", required=True,
+                   help="prompts: .txt (one per line) or .jsonl; - reads standard input (JSONL if its first line "
+                        "starts with '{', else text)")
     p.add_argument("--output", required=True, help="JSONL results, one line per request")
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="skip ids already in --output and append")
@@ -58,124 +71,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_requests(path: str, skip_invalid: bool = False) -> list[dict]:
-    """Lines -> [{"id", "prompt" | "messages", sampling fields...}]; ValueError naming the line.
-    skip_invalid: a line that is not a request becomes {"id", "_line", "_error"} instead."""
-    if not os.path.isfile(path):
-        problem = "is a directory, not a file" if os.path.isdir(path) else "not found"
-        raise ValueError(f"--input {path!r} {problem}")
-    items = []
-    jsonl = path.endswith((".jsonl", ".json"))
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                items.extend(_parse_line(raw, lineno, path, jsonl))
-            except ValueError as e:
-                if not skip_invalid:
-                    raise
-                rid = getattr(e, "request_id", None) or f"line-{lineno}"
-                items.append({"id": rid, "_line": lineno, "_error": str(e)})
-    if not items:
-        raise ValueError(f"--input {path!r} holds no prompts")
-    ids = [i["id"] for i in items]
-    if len(set(ids)) != len(ids):
-        dup = next(x for x in ids if ids.count(x) > 1)
-        raise ValueError(f"{path}: id {dup!r} appears more than once")
-    return items
-
-
-def _parse_line(raw: bytes, lineno: int, path: str, jsonl: bool) -> list[dict]:
-    """[] for a blank line, else [one request]."""
-    try:
-        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")   # a BOM, CRLF
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if not line.strip():
-        return []
-    if not jsonl:
-        return [{"id": f"line-{lineno}", "prompt": line.replace("\\n", "\n")}]
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
-        error = ValueError(f"{path}:{lineno}: each line needs exactly one of 'prompt' or 'messages'")
-        error.request_id = str(item["id"]) if isinstance(item, dict) and "id" in item else None
-        raise error
-    rid = item.setdefault("id", f"line-{lineno}")
-    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-        raise ValueError(f"{path}:{lineno}: 'id' must be a string or an integer, got {json.dumps(rid)}")
-    item["id"] = str(rid)
-    item["_line"] = lineno
-    return [item]
-
-
-RESULT_START = b'{"id": '     # how every line this command writes begins
-
-
-def done_ids(path: str) -> set[str]:
-    """Ids already written: lines with an id and a result (token_ids, text) or an error. A torn last line (the
-    run was killed mid-write: no newline, and the start of a result line) is cut off, and a complete last
-    line that lost only its newline gets it back. Any other line that is not a result is an error, so
-    results, and files that are not ours, are never truncated away."""
-    if not os.path.exists(path):
-        return set()
-    size = os.path.getsize(path)
-    ids, good, last = set(), 0, b""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            last = raw
-            if raw.strip():
-                rid = _result_id(raw)
-                if rid is None:
-                    torn = (good + len(raw) == size and not raw.endswith(b"\n")
-                            and (raw.startswith(RESULT_START) or RESULT_START.startswith(raw)))
-                    if not torn:
-                        raise ValueError(f"--output {path}:{lineno} is not a result line (JSON with an 'id' and "
-                                         f"'token_ids', 'text' or 'error'); fix or remove it, or pass --overwrite")
-                    break
-                ids.add(rid)
-            good += len(raw)
-    if good < size:
-        with open(path, "r+b") as f:
-            f.truncate(good)
-    elif last and not last.endswith(b"\n"):
-        with open(path, "ab") as f:
-            f.write(b"\n")
-    return ids
-
-
-def _result_id(raw: bytes) -> str | None:
-    try:
-        item = json.loads(raw)
-    except ValueError:
-        return None
-    if isinstance(item, dict) and "id" in item and any(k in item for k in ("token_ids", "text", "error")):
-        return str(item["id"])
-    return None
-
-
 def main(argv=None) -> int:
+    """argv None: the process's own command line; then Ctrl-C and an external SIGTERM are told apart
+    (ms_atb/termination.py), which needs this call to come before any thread starts: this module imports
+    neither MindSpore nor numpy at its top."""
+    if argv is None:
+        watch_signals()
     args = parse_args(argv)
     try:
         return _main(args)
     except ValueError as e:
         print(f"ms-atb-generate: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"ms-atb-generate: interrupted; the results written so far are in {args.output}: rerun with "
+    except KeyboardInterrupt as e:
+        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"ms-atb-generate: {what}; the results written so far are in {args.output}: rerun with "
               f"--resume to finish", file=sys.stderr)
-        return 130
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
 
 
 def _main(args) -> int:
-    import yaml
-    from ms_atb.config import EngineConfig
-    from ms_atb.llm import LLM
-    from ms_atb.engine_summary import format_summary, summarize
-
+    """Checks the input and output paths and locks the output, then _run()."""
     items = read_requests(args.input, args.skip_invalid)
-    if os.path.exists(args.output) and os.path.samefile(args.input, args.output):
+    if args.input != STDIN and os.path.exists(args.output) and os.path.samefile(args.input, args.output):
         raise ValueError(f"--output {args.output!r} is the --input file; give another path")
     if os.path.isdir(args.output):
         raise ValueError(f"--output {args.output!r} is a directory; give a file path such as {args.output}/out.jsonl")
@@ -188,7 +106,22 @@ def _main(args) -> int:
         raise ValueError(f"--output {args.output!r}: cannot create its directory ({e.strerror})") from None
     if not os.access(args.output if os.path.exists(args.output) else folder, os.W_OK):
         raise ValueError(f"--output {args.output!r} is not writable")
-    skip = done_ids(args.output) if args.resume else set()
+    from ms_atb.worker.distributed import world_size_from_env
+    with contextlib.ExitStack() as held:
+        # One writer per output, locked before the output is read, cut or opened. Under msrun the
+        # writing rank (0) is known only once the engine is prepared: it locks then.
+        if world_size_from_env() is None:
+            held.enter_context(OutputLock(args.output))
+        return _run(args, items, held)
+
+
+def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
+    import yaml
+    from ms_atb.worker.distributed import world_size_from_env
+    from ms_atb.config import EngineConfig
+    from ms_atb.llm import LLM
+    from ms_atb.engine_summary import format_summary, summarize
+
     overrides = {}
     for kv in args.set:
         key, eq, value = kv.partition("=")
@@ -211,6 +144,11 @@ def _main(args) -> int:
         if flags:
             raise ValueError(f"--beam-width takes only --max-tokens and --ignore-eos of the sampling flags, "
                              f"got {['--' + f.replace('_', '-') for f in flags]}")
+    llm = LLM.prepare(args.config, **overrides)    # tokenizer and limits: prompts are checked before the build
+    if llm.rank == 0 and world_size_from_env() is not None:
+        held.enter_context(OutputLock(args.output))
+    skip = done_ids(args.output) if args.resume else set()
+    source = STDIN_NAME if args.input == STDIN else args.input
     invalid = []                  # error records of the requests skipped by --skip-invalid
 
     def reject(item, message):
@@ -225,7 +163,7 @@ def _main(args) -> int:
         if "_error" in item:
             invalid.append({"id": item["id"], "error": item["_error"]})
             continue
-        where = f"{args.input}:{item.get('_line', n + 1)} (id {item['id']!r})"
+        where = f"{source}:{item.get('_line', n + 1)} (id {item['id']!r})"
         fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line")}
         if beam is not None and set(fields) - set(BEAM_FIELDS):
             reject(item, f"{where}: under --beam-width a request may set only {list(BEAM_FIELDS)}, "
@@ -237,8 +175,8 @@ def _main(args) -> int:
             reject(item, f"{where}: {e}")
             continue
         pending.append((item, where, params))
-    llm = LLM.prepare(args.config, **overrides)    # tokenizer and limits: prompts are checked before the build
     requests = []
+    ids = {}                      # engine request id (the id as JSON: 7 and "7" differ) -> the input's id
     for item, where, params in pending:
         try:
             prompt, special = item.get("prompt"), True
@@ -248,7 +186,8 @@ def _main(args) -> int:
                 if not isinstance(prompt, str):
                     raise ValueError("--chat applies the chat template to text prompts; this prompt is token ids")
                 prompt, special = llm.apply_chat_template([{"role": "user", "content": prompt}]), False
-            requests.append(llm.make_request(prompt, params, len(requests), request_id=item["id"],
+            ids[json.dumps(item["id"])] = item["id"]
+            requests.append(llm.make_request(prompt, params, len(requests), request_id=json.dumps(item["id"]),
                                              add_special_tokens=special))
         except ValueError as e:     # make_request names the request by its index; `where` names the line
             reject(item, f"{where}: {str(e).removeprefix(f'request {len(requests)}: ')}")
@@ -265,8 +204,8 @@ def _main(args) -> int:
     except OSError as e:
         raise ValueError(f"--output {args.output!r} cannot be written ({e.strerror})") from None
     try:
-        records = (_beam_records(llm, requests, beam, outputs, not args.no_progress) if beam is not None
-                   else _sample_records(llm, requests, outputs, not args.no_progress))
+        records = (_beam_records(llm, requests, beam, outputs, ids, not args.no_progress) if beam is not None
+                   else _sample_records(llm, requests, outputs, ids, not args.no_progress))
         for record in itertools.chain(invalid, records):
             if out is not None:
                 try:
@@ -291,11 +230,12 @@ def _main(args) -> int:
     return 0
 
 
-def _sample_records(llm, requests, outputs: list, progress: bool):
-    """Result lines of generate(), each as soon as its request finishes (outputs collects the RequestOutputs)."""
+def _sample_records(llm, requests, outputs: list, ids: dict, progress: bool):
+    """Result lines of generate(), each as soon as its request finishes (outputs collects the RequestOutputs;
+    ids maps engine request ids to the input's)."""
     for _, o in llm.generate_iter(requests, use_tqdm=progress):
         outputs.append(o)
-        record = {"id": o.request_id, **_sample_record(o.outputs[0]),   # the first sample's fields
+        record = {"id": ids[o.request_id], **_sample_record(o.outputs[0]),   # the first sample's fields
                   "num_prompt_tokens": len(o.prompt_token_ids), "num_cached_tokens": o.num_cached_tokens,
                   "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}
         del record["index"]
@@ -306,7 +246,7 @@ def _sample_records(llm, requests, outputs: list, progress: bool):
         yield record
 
 
-def _beam_records(llm, requests, beam, outputs: list, progress: bool):
+def _beam_records(llm, requests, beam, outputs: list, ids: dict, progress: bool):
     """Result lines of beam search: the best beam's fields and every beam, written chunk by chunk (runs of
     up to BEAM_CHUNK requests with the same max_tokens and ignore_eos)."""
     i = 0
@@ -322,7 +262,7 @@ def _beam_records(llm, requests, beam, outputs: list, progress: bool):
             outputs.append(o)
             beams = [{"text": b.text, "token_ids": b.token_ids, "finish_reason": b.finish_reason,
                       "cumulative_logprob": b.cumulative_logprob, "score": b.score} for b in o.sequences]
-            yield {"id": request.request_id, **beams[0], "num_prompt_tokens": len(o.prompt_token_ids),
+            yield {"id": ids[request.request_id], **beams[0], "num_prompt_tokens": len(o.prompt_token_ids),
                    "beams": beams}
         i = j
 

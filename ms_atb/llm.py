@@ -7,6 +7,7 @@ import os
 import time
 from typing import Iterator, Sequence as Seq, Union
 
+from ms_atb import memory_budget
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
 from ms_atb.worker.distributed import init_distributed, spmd_sampler
 from ms_atb.outputs import RequestOutput
@@ -72,11 +73,8 @@ class LLM:
                       f"block of {kv.block_size} tokens = {self.num_blocks} blocks")
         else:
             self.num_blocks = kv.num_blocks
-        need, free = self.num_blocks * self.kv_bytes_per_block, _available_memory()
-        if cfg.context.device == "cpu" and free is not None and need > free:
-            raise ValueError(f"the KV cache ({self.num_blocks} blocks, {need / 2**30:.1f} GiB) does not fit in the "
-                             f"{free / 2**30:.1f} GiB of memory available; lower kv_cache.num_blocks or "
-                             f"kv_cache.memory_budget")
+        if cfg.context.device == "cpu":
+            self._check_memory()
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         if self.tokenizer is not None:      # a model may pad its vocabulary past the tokenizer's
             self.tokenizer.pad_to(self.model_config.vocab_size)
@@ -90,6 +88,20 @@ class LLM:
         self._iterating = False                  # a generate_iter() is open
         self.runner = None                       # build()
         self.build_seconds = 0.0
+
+    def _check_memory(self) -> None:
+        """ValueError, before any weight is read, when the model's weights and KV cache cannot fit in the memory
+        this process may take (ms_atb/memory_budget.py)."""
+        cfg = self.config
+        kv, free = self.num_blocks * self.kv_bytes_per_block, _available_memory()
+        if free is not None and kv > free:
+            raise ValueError(f"the KV cache ({self.num_blocks} blocks, {kv / 2**30:.1f} GiB) does not fit in the "
+                             f"{free / 2**30:.1f} GiB of memory available; lower kv_cache.num_blocks or "
+                             f"kv_cache.memory_budget")
+        half = cfg.model.dtype in ("float16", "bfloat16")     # float32 linears are packed on the CPU
+        weights = memory_budget.weight_bytes(self.model_config, cfg.parallel.tensor_parallel_size,
+                                             2 if half else 4, packed=not half)
+        memory_budget.check_fits(weights, kv, free, f"the model {cfg.model.path!r} with {self.num_blocks} KV blocks")
 
     def build(self) -> None:
         """Builds the model runner and compiles (or loads) its graphs; a second call does nothing."""
@@ -290,13 +302,6 @@ class LLM:
 
 
 def _available_memory() -> int | None:
-    """Bytes of memory the kernel could give this process now (MemAvailable), or None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
+    """Bytes of memory this process may still take: the least of MemAvailable and its cgroup limits' headroom,
+    or None where unknown."""
+    return memory_budget.available_bytes()

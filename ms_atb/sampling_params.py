@@ -5,7 +5,8 @@ import dataclasses
 from dataclasses import dataclass
 
 
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20    # the most alternatives logprobs / prompt_logprobs may ask for per token
+MAX_N = 64           # the most samples one request may ask for (n): each is a sequence of its own
 GREEDY_BELOW = 1e-5   # a temperature under this is greedy, as in vLLM (dividing logits by it would overflow)
 
 
@@ -45,6 +46,10 @@ def _token_bias(bias) -> dict[int, float]:
 
 @dataclass
 class SamplingParams:
+    """How one request samples and stops; every field is checked (ValueError naming it and what is allowed).
+
+    Upper bounds: n <= MAX_N = 64 samples per request (each holds KV blocks and a scheduler slot of its
+    own); logprobs and prompt_logprobs <= MAX_LOGPROBS = 20 alternatives per token."""
     max_tokens: int | None = 16       # None: as many as max_model_len leaves after the prompt
     temperature: float = 1.0          # 0 (or under GREEDY_BELOW) = greedy
     top_k: int = -1                   # -1 = off
@@ -75,8 +80,8 @@ class SamplingParams:
     def validate(self) -> None:
         """Checks every field (ValueError naming it) and normalises them in place; idempotent. The engine
         calls it again for each request, so fields changed after construction are checked too."""
-        if not is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1 (samples per prompt), got {self.n!r}")
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an int >= 1 and <= MAX_N = {MAX_N} (samples per prompt), got {self.n!r}")
         k = self.truncate_prompt_tokens
         if k is not None and (not is_int(k) or k < 1):
             raise ValueError(f"truncate_prompt_tokens must be None (off) or an int >= 1, got {k!r}")
@@ -85,7 +90,7 @@ class SamplingParams:
         if not is_number(self.temperature) or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         self.temperature = float(self.temperature)
-        if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):   # 0 is an error, not "off"
+        if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):   # 0 would keep no token
             raise ValueError(f"top_k must be -1 (off) or an int >= 1, got {self.top_k!r}")
         if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")

@@ -1,0 +1,128 @@
+"""Memory accounting before a model is loaded: what its weights and KV cache will hold on one rank, and
+how much memory this process may still take. No MindSpore import: it runs before any weight is read.
+
+Rules:
+  1. weight_bytes counts what LlamaForCausalLM holds (models/llama.py): the embedding, every layer's
+     norms, fused q/k/v, o, fused gate/up and down, the final norm, an lm_head of its own even when the
+     embeddings are tied (a transposed copy), and the RoPE tables. Projections are split over the tensor-
+     parallel ranks (KV heads replicated past num_key_value_heads); the rest is replicated. On the CPU in
+     float32 the linears are stored in panels of 16 output columns (ops/matmul.py), padded.
+  2. available_bytes is the least of /proc/meminfo's MemAvailable and the headroom of every memory cgroup
+     limit between the process's cgroup and the root (v2: memory.max - memory.current; v1:
+     memory.limit_in_bytes - memory.usage_in_bytes), page cache that can be dropped (inactive_file) counted
+     as free. None when nothing is known.
+  3. The check is a floor, not a promise: activations, compiled graphs and load-time copies come on top.
+"""
+from __future__ import annotations
+
+import os
+
+PANEL = 16                # output columns per packed panel of a CPU float32 linear
+V1_UNLIMITED = 1 << 60    # cgroup v1 reports "no limit" as a number near 2**63
+
+
+def weight_bytes(config, tp_size: int, itemsize: int, packed: bool) -> int:
+    """Bytes of the model's parameters on one rank; config is a LlamaConfig."""
+    c = config
+    h, d = c.hidden_size, c.head_dim
+    heads = c.num_attention_heads // tp_size
+    kv_heads = max(1, c.num_key_value_heads // tp_size)
+    inter = c.intermediate_size // tp_size
+
+    def linear(n_in: int, n_out: int) -> int:
+        return n_in * (-(-n_out // PANEL) * PANEL if packed else n_out)
+
+    layer = (2 * h                                             # input and post-attention norms
+             + linear(h, (heads + 2 * kv_heads) * d)           # q, k, v
+             + linear(heads * d, h)                            # o
+             + linear(h, 2 * inter) + linear(inter, h))        # gate, up; down
+    params = (c.vocab_size * h + c.num_hidden_layers * layer + h + linear(h, c.vocab_size)
+              + 2 * c.max_position_embeddings * d)             # embedding, layers, norm, lm_head, RoPE
+    return params * itemsize
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _number(path: str) -> int | None:
+    text = _read(path)
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None      # "max": no limit
+
+
+def _stat(path: str, *keys: str) -> int:
+    """The first of keys in a memory.stat file, or 0."""
+    fields = dict(line.split()[:2] for line in (_read(path) or "").splitlines() if len(line.split()) >= 2)
+    for key in keys:
+        if fields.get(key, "").isdigit():
+            return int(fields[key])
+    return 0
+
+
+def mem_available(proc: str = "/proc") -> int | None:
+    for line in (_read(os.path.join(proc, "meminfo")) or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            try:
+                return int(line.split()[1]) * 1024
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _cgroup_paths(proc: str) -> tuple[str | None, str | None]:
+    """This process's (v2 path, v1 memory path), each relative to its hierarchy's root."""
+    v2 = v1 = None
+    for line in (_read(os.path.join(proc, "self", "cgroup")) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+        elif len(parts) == 3 and "memory" in parts[1].split(","):
+            v1 = parts[2]
+    return v2, v1
+
+
+def _levels(root: str, rel: str | None) -> list[str]:
+    """root/rel and each folder above it up to root (a container sees its own cgroup as the root)."""
+    parts = [p for p in (rel or "").split("/") if p]
+    return [os.path.join(root, *parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def cgroup_headroom(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes the tightest memory cgroup limit above this process still allows, or None if unlimited."""
+    v2, v1 = _cgroup_paths(proc)
+    room = []
+    for level in _levels(cgroup, v2):
+        limit, used = _number(os.path.join(level, "memory.max")), _number(os.path.join(level, "memory.current"))
+        if limit is not None and used is not None:
+            room.append(limit - used + _stat(os.path.join(level, "memory.stat"), "inactive_file"))
+    for level in _levels(os.path.join(cgroup, "memory"), v1):
+        limit = _number(os.path.join(level, "memory.limit_in_bytes"))
+        used = _number(os.path.join(level, "memory.usage_in_bytes"))
+        if limit is not None and used is not None and limit < V1_UNLIMITED:
+            room.append(limit - used + _stat(os.path.join(level, "memory.stat"), "total_inactive_file",
+                                             "inactive_file"))
+    return max(0, min(room)) if room else None
+
+
+def available_bytes(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Rule 2: the memory this process may still take, or None where unknown."""
+    known = [b for b in (mem_available(proc), cgroup_headroom(proc, cgroup)) if b is not None]
+    return min(known) if known else None
+
+
+def check_fits(weights: int, kv: int, available: int | None, what: str) -> None:
+    """ValueError when weights + kv exceed the available memory; what names the model and its KV cache."""
+    if available is None or weights + kv <= available:
+        return
+    gib = 2 ** 30
+    raise ValueError(f"{what} needs {(weights + kv) / gib:.2f} GiB of memory (weights {weights / gib:.2f} GiB, KV "
+                     f"cache {kv / gib:.2f} GiB) but this process has {available / gib:.2f} GiB available "
+                     f"(the least of MemAvailable and its cgroup's limit); use a smaller model, more "
+                     f"tensor_parallel_size, float16, or fewer kv_cache.num_blocks")

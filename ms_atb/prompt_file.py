@@ -1,0 +1,83 @@
+"""Reading ms-atb-generate's input: a prompt file, or standard input (`-`), into checked request dicts.
+
+Formats: JSONL (one object a line with "prompt" or "messages", an optional "id" and sampling fields) or
+text (one prompt a line; "\\n" in a line is a newline). A file is JSONL when its name ends in .jsonl or
+.json; standard input is JSONL when its first non-blank line starts with "{". An "id" keeps its JSON type:
+7 and "7" are different ids. A line without one gets the id "line-<N>".
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+STDIN = "-"
+STDIN_NAME = "<stdin>"        # how messages name standard input
+
+
+def read_requests(path: str, skip_invalid: bool = False) -> list[dict]:
+    """Lines -> [{"id", "prompt" | "messages", sampling fields..., "_line"}]; ValueError naming the line.
+    skip_invalid: a line that is not a request becomes {"id", "_line", "_error"} instead."""
+    if path == STDIN:
+        lines = sys.stdin.buffer.read().splitlines(keepends=True)
+        name, jsonl = STDIN_NAME, _starts_with_object(lines)
+    else:
+        if not os.path.isfile(path):
+            problem = "is a directory, not a file" if os.path.isdir(path) else "not found"
+            raise ValueError(f"--input {path!r} {problem}")
+        with open(path, "rb") as f:
+            lines = f.readlines()
+        name, jsonl = path, path.endswith((".jsonl", ".json"))
+    items = []
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            items.extend(_parse_line(raw, lineno, name, jsonl))
+        except ValueError as e:
+            if not skip_invalid:
+                raise
+            rid = getattr(e, "request_id", None)
+            items.append({"id": f"line-{lineno}" if rid is None else rid, "_line": lineno, "_error": str(e)})
+    if not items:
+        raise ValueError(f"--input {name!r} holds no prompts")
+    seen = set()                  # 7 and "7" are different ids; True is not an id
+    for item in items:
+        if item["id"] in seen:
+            raise ValueError(f"{name}: id {json.dumps(item['id'])} appears more than once")
+        seen.add(item["id"])
+    return items
+
+
+def _starts_with_object(lines: list[bytes]) -> bool:
+    """True if the first non-blank line (a byte order mark aside) starts with "{"."""
+    texts = [lines[0].removeprefix(b"\xef\xbb\xbf"), *lines[1:]] if lines else []
+    return next((raw.strip() for raw in texts if raw.strip()), b"").startswith(b"{")
+
+
+def is_id(value) -> bool:
+    """A request id: a JSON string or integer (not a bool)."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+def _parse_line(raw: bytes, lineno: int, path: str, jsonl: bool) -> list[dict]:
+    """[] for a blank line, else [one request]."""
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")   # a BOM, CRLF
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not line.strip():
+        return []
+    if not jsonl:
+        return [{"id": f"line-{lineno}", "prompt": line.replace("\\n", "\n")}]
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+        error = ValueError(f"{path}:{lineno}: each line needs exactly one of 'prompt' or 'messages'")
+        error.request_id = item["id"] if isinstance(item, dict) and is_id(item.get("id")) else None
+        raise error
+    rid = item.setdefault("id", f"line-{lineno}")
+    if not is_id(rid):
+        raise ValueError(f"{path}:{lineno}: 'id' must be a string or an integer, got {json.dumps(rid)}")
+    item["_line"] = lineno
+    return [item]
