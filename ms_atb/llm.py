@@ -223,7 +223,8 @@ class LLM:
 
     def stats(self) -> dict:
         """Flat statistics. Run figures (tokens_per_s, num_output_tokens, elapsed_s, kv_cache_usage and its
-        peak) are the last run's; the cache and scheduling counters add up since the KV cache was last
+        peak, num_deduplicated) are the last run's; output tokens are those delivered, the copies a duplicate
+        gets under the prefix policy included; the cache and scheduling counters add up since the KV cache was last
         emptied (build, reset_scheduler(), or a run that failed inside a step)."""
         s = self.scheduler.stats()
         queries = s.get("prefix_cache_queries", 0)
@@ -242,7 +243,7 @@ class LLM:
             "block_size": self.config.kv_cache.block_size,
             "num_computed_tokens": s["num_computed_prompt_tokens"],
         }
-        out.update({"tokens_per_s": 0.0, "num_output_tokens": 0, "elapsed_s": 0.0})   # before any run
+        out.update(tokens_per_s=0.0, num_output_tokens=0, elapsed_s=0.0, num_deduplicated=0)   # before any run
         out.update({k: v for k, v in self._run_stats.items() if not k.startswith("kv_")})
         return out
 
