@@ -93,7 +93,8 @@ def main() -> None:
     ap.add_argument("--user", type=int, nargs=2, default=[32, 160], metavar=("LO", "HI"))
     ap.add_argument("--output", type=int, nargs=2, default=[16, 64], metavar=("LO", "HI"))
     ap.add_argument("--duplicates", type=int, default=-1, help="exact repeats (-1: 10%% of the batch)")
-    ap.add_argument("--repeats", type=int, default=1, help="runs of each policy, alternating (fcfs prefix, prefix fcfs)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each policy, alternating (fcfs prefix, prefix fcfs); the best of each is printed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=os.path.join(ROOT, "out", "bench_prefix_order.json"))
     args = ap.parse_args()

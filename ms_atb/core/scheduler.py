@@ -5,10 +5,10 @@ prompt (or a chunk of it), a resumed request's recompute and a decode token are 
 "tokens to compute". A step takes the running requests first (in admission order), then
 waiting ones in the order of the waiting queue (ms_atb/core/prefix_order.py: arrival order
 under the `fcfs` policy, prompts grouped by shared prefix under `prefix`), within
-max_num_batched_tokens and max_num_seqs. As it schedules
-a request it commits the tokens that request will have computed after the step, so a request
-admitted later in the same step shares a prefix an earlier one computes in it. When a block
-cannot be had, the most recently admitted running request is preempted by recompute.
+max_num_batched_tokens and max_num_seqs. As it schedules a request it commits the tokens that
+request will have computed after the step, so a request admitted later in the same step shares
+a prefix an earlier one computes in it. When a block cannot be had, the most recently admitted
+running request is preempted by recompute.
 """
 from __future__ import annotations
 
