@@ -15,6 +15,7 @@ from typing import Any, Union
 
 import yaml
 
+from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import ALLOCATIONS
 from ms_atb.sampling_params import SamplingParams
 
@@ -47,6 +48,7 @@ class SchedulerSection:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
+    policy: str = "auto"     # fcfs | prefix | auto: prefix in the batch CLI, fcfs in LLM (LLM.prepare default_policy)
 
 
 @dataclass
@@ -147,6 +149,7 @@ class EngineConfig:
         _choice("context.device", self.context.device, DEVICES)
         _choice("context.mode", self.context.mode, ("graph",))
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
+        _choice("scheduler.policy", sc.policy, ("auto",) + POLICIES)
         if self.context.device == "cpu" and m.dtype == "bfloat16":
             raise ValueError("model.dtype bfloat16 does not run on the CPU; use float32 (or float16)")
         if m.max_model_len is not None and m.max_model_len < 1:

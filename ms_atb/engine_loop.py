@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -59,6 +60,12 @@ class EngineLoop:
         self.tracked: dict[str, _Tracked] = {}       # by sequence id
         self.done: dict[int, list[_Tracked]] = {}     # by id(request): its finished samples
         self.request_ids: set[str] = set()
+        # Under the prefix policy a request identical to an earlier one of the batch (prompt tokens and
+        # greedy SamplingParams, n == 1) is not run: it gets a copy of that one's output (duplicates_of).
+        self.deduplicate = llm.scheduler.policy == "prefix"
+        self.duplicates_of: dict[int, list[Request]] = {}    # id(computed request) -> its duplicates
+        self._computed: dict[tuple[int, ...], list[Request]] = {}   # prompt tokens -> dedupable requests
+        self.num_deduplicated = 0
         self.failed = False
         self.num_output_tokens = 0
         self.usage: list[float] = []
@@ -143,7 +150,13 @@ class EngineLoop:
                         bar.update(1)
                         bar.set_postfix_str(f"{self.num_output_tokens / (now - self.start):.1f} tok/s",
                                             refresh=False)
-                    yield t.request.index, self._output(sorted(samples, key=lambda x: x.sample))
+                    out = self._output(sorted(samples, key=lambda x: x.sample))
+                    yield t.request.index, out
+                    for dup in self.duplicates_of.pop(id(t.request), ()):
+                        self.num_output_tokens += sum(len(c.token_ids) for c in out.outputs)
+                        if bar is not None:
+                            bar.update(1)
+                        yield dup.index, copy_output(out, dup)
         finally:
             self.end = time.perf_counter()
             if bar is not None:
@@ -213,6 +226,8 @@ class EngineLoop:
         if r.request_id in self.request_ids or any(i in self.tracked for i in ids):
             raise ValueError(f"request {r.index}: id {r.request_id!r} is used twice in this batch")
         self.request_ids.add(r.request_id)
+        if self._is_duplicate(r):
+            return
         # ignore_eos: no stop token of any kind ends the request, neither EOS nor stop_token_ids (docs/design.md;
         # vLLM still stops at stop_token_ids). Stop strings, matched on the text, still do.
         stops = set() if p.ignore_eos else set(p.stop_token_ids or ()) | eos
@@ -228,6 +243,22 @@ class EngineLoop:
             if i == 0 and p.prompt_logprobs is not None:       # the other samples share the prompt
                 t.prompt_logprobs = [None]                       # nothing predicts the first token
                 seq.needs_prompt_logits = len(r.prompt_token_ids) > 1
+
+    def _is_duplicate(self, r: Request) -> bool:
+        """Under deduplication: True (and r noted as a copy) if an earlier request of the batch has r's prompt
+        tokens and equal greedy SamplingParams with n == 1; its output is then r's, token for token.
+        Sampling requests are never copied: each keeps its own seed."""
+        p = r.params
+        if not self.deduplicate or not p.greedy or p.n != 1:
+            return False
+        same_prompt = self._computed.setdefault(tuple(r.prompt_token_ids), [])
+        first = next((c for c in same_prompt if c.params == p), None)
+        if first is None:
+            same_prompt.append(r)
+            return False
+        self.duplicates_of.setdefault(id(first), []).append(r)
+        self.num_deduplicated += 1
+        return True
 
     @staticmethod
     def _output(samples: list[_Tracked]) -> RequestOutput:
@@ -266,8 +297,23 @@ class EngineLoop:
         elapsed = max(self.end - self.start, 1e-9)
         return {"tokens_per_s": self.num_output_tokens / elapsed,
                 "num_output_tokens": self.num_output_tokens, "elapsed_s": elapsed,
+                "num_deduplicated": self.num_deduplicated,
                 "kv_cache_usage_mean": float(np.mean(self.usage)) if self.usage else 0.0,
                 "kv_cache_usage_peak": float(np.max(self.usage)) if self.usage else 0.0}
+
+
+def copy_output(out: RequestOutput, request: Request) -> RequestOutput:
+    """out, as the output of request (a duplicate of the request that made it): its own id and prompt."""
+    outputs = [dataclasses.replace(c, token_ids=list(c.token_ids),
+                                   logprobs=None if c.logprobs is None else [dict(d) for d in c.logprobs])
+               for c in out.outputs]
+    first = outputs[0]
+    return dataclasses.replace(
+        out, request_id=request.request_id, prompt=request.prompt,
+        prompt_token_ids=list(request.prompt_token_ids), token_ids=first.token_ids, logprobs=first.logprobs,
+        outputs=outputs, metrics=dataclasses.replace(out.metrics),
+        prompt_logprobs=None if out.prompt_logprobs is None else [None if d is None else dict(d)
+                                                                   for d in out.prompt_logprobs])
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from ms_atb.worker.sampler import Sampler
 from ms_atb.sampling_params import SamplingParams
 from ms_atb.request import Request
 from ms_atb.request_builder import Prompt, RequestBuilder
+from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import Scheduler
 
 
@@ -31,16 +32,20 @@ class LLM:
 
     @classmethod
     def prepare(cls, model_or_config: Union[str, dict, None] = None, device: str | None = None,
-                **keywords) -> "LLM":
+                default_policy: str = "fcfs", **keywords) -> "LLM":
         """The engine without its model: make_request() and apply_chat_template() check requests against the
         tokenizer, the vocabulary, max_model_len and the KV pool, so a bad batch is rejected before build()
-        spends a minute compiling graphs (ms-atb-generate does this)."""
+        spends a minute compiling graphs (ms-atb-generate does this). default_policy ("fcfs" or "prefix") is
+        what scheduler.policy "auto" means for this engine: "fcfs" for LLM(...), "prefix" for a batch tool."""
         llm = cls.__new__(cls)
-        llm._prepare(model_or_config, device, keywords)
+        llm._prepare(model_or_config, device, keywords, default_policy)
         return llm
 
-    def _prepare(self, model_or_config, device, keywords) -> None:
+    def _prepare(self, model_or_config, device, keywords, default_policy: str = "fcfs") -> None:
         """Everything but the model: config, tokenizer, KV pool size, scheduler."""
+        if default_policy not in POLICIES:
+            raise ValueError(f"default_policy must be one of {list(POLICIES)}, got {default_policy!r}")
+        self.default_policy = default_policy
         from ms_atb.models.loader import load_config
         from ms_atb.models.parallel import validate_tp
         from ms_atb.worker.model_runner import kv_cache_bytes_per_block
@@ -230,7 +235,8 @@ class LLM:
 
     def stats(self) -> dict:
         """Flat statistics. Run figures (tokens_per_s, num_output_tokens, elapsed_s, kv_cache_usage and its
-        peak) are the last run's; the cache and scheduling counters add up since the KV cache was last
+        peak, num_deduplicated) are the last run's; output tokens are those delivered, the copies a duplicate
+        gets under the prefix policy included; the cache and scheduling counters add up since the KV cache was last
         emptied (build, reset_scheduler(), or a run that failed inside a step)."""
         s = self.scheduler.stats()
         queries = s.get("prefix_cache_queries", 0)
@@ -249,24 +255,33 @@ class LLM:
             "block_size": self.config.kv_cache.block_size,
             "num_computed_tokens": s["num_computed_prompt_tokens"],
         }
-        out.update({"tokens_per_s": 0.0, "num_output_tokens": 0, "elapsed_s": 0.0})   # before any run
+        out.update(tokens_per_s=0.0, num_output_tokens=0, elapsed_s=0.0, num_deduplicated=0)   # before any run
         out.update({k: v for k, v in self._run_stats.items() if not k.startswith("kv_")})
         return out
+
+    @property
+    def policy(self) -> str:
+        """The admission order of every run: scheduler.policy, with "auto" read as default_policy (prepare).
+        Under "prefix" a run also computes once the requests that are exact duplicates (engine_loop.py)."""
+        policy = self.config.scheduler.policy
+        return self.default_policy if policy == "auto" else policy
 
     def new_scheduler(self) -> Scheduler:
         """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""
         kv, sc = self.config.kv_cache, self.config.scheduler
-        return Scheduler(self.num_blocks, kv.block_size, self.max_model_len, sc.max_num_seqs,
-                         sc.max_num_batched_tokens, sc.enable_chunked_prefill,
-                         kv.enable_prefix_caching, kv.allocation)
+        scheduler = Scheduler(self.num_blocks, kv.block_size, self.max_model_len, sc.max_num_seqs,
+                              sc.max_num_batched_tokens, sc.enable_chunked_prefill,
+                              kv.enable_prefix_caching, kv.allocation)
+        scheduler.set_policy(self.policy)
+        return scheduler
 
     def reset_scheduler(self, **overrides) -> None:
         """Empties the KV cache and applies scheduling settings that need no recompilation:
-        num_blocks (up to the pool built), enable_prefix_caching, allocation,
+        num_blocks (up to the pool built), enable_prefix_caching, allocation, policy,
         enable_chunked_prefill, max_num_seqs and max_num_batched_tokens (up to those built).
         A ValueError changes nothing: every override is checked before the engine keeps any."""
         built = self._built_limits
-        allowed = ("num_blocks", "enable_prefix_caching", "allocation", "enable_chunked_prefill",
+        allowed = ("num_blocks", "enable_prefix_caching", "allocation", "policy", "enable_chunked_prefill",
                    "max_num_seqs", "max_num_batched_tokens")
         for key, value in overrides.items():
             if key not in allowed:

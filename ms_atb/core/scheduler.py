@@ -3,18 +3,20 @@
 Each request has num_computed_tokens and the scheduler lets it catch up with num_tokens: a
 prompt (or a chunk of it), a resumed request's recompute and a decode token are the same thing,
 "tokens to compute". A step takes the running requests first (in admission order), then
-waiting ones in arrival order, within max_num_batched_tokens and max_num_seqs. As it schedules
-a request it commits the tokens that request will have computed after the step, so a request
-admitted later in the same step shares a prefix an earlier one computes in it. When a block
-cannot be had, the most recently admitted running request is preempted by recompute.
+waiting ones in the order of the waiting queue (ms_atb/core/prefix_order.py: arrival order
+under the `fcfs` policy, prompts grouped by shared prefix under `prefix`), within
+max_num_batched_tokens and max_num_seqs. As it schedules a request it commits the tokens that
+request will have computed after the step, so a request admitted later in the same step shares
+a prefix an earlier one computes in it. When a block cannot be had, the most recently admitted
+running request is preempted by recompute.
 """
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import dataclass, field
 
 from ms_atb.core.block_manager import PLACEMENTS, BlockManager, NoFreeBlocksError
+from ms_atb.core.prefix_order import FcfsQueue, make_queue
 from ms_atb.core.sequence import Sequence, SequenceStatus
 
 # the block manager's placements, and "static": the article's baseline, an admission policy of the scheduler
@@ -68,7 +70,8 @@ class Scheduler:
             raise ValueError(f"static allocation reserves {self.static_blocks_per_seq} blocks "
                              f"(max_model_len {max_model_len}) per request, but the pool has only "
                              f"{num_blocks}")
-        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.waiting = FcfsQueue()                 # or PrefixQueue: set_policy()
+        self.policy = "fcfs"
         self.running: list[Sequence] = []          # admission order: the newest is last
         self._num_slots: dict[str, int] = {}       # request id -> tokens with a KV slot reserved
         self.num_preemptions = 0
@@ -99,10 +102,16 @@ class Scheduler:
         limit = min(self.max_model_len, self.block_manager.num_blocks * self.block_size + 1)
         return limit - num_prompt_tokens
 
+    def set_policy(self, policy: str) -> None:
+        """The order of admission: "fcfs" or "prefix" (ValueError otherwise). Only between runs."""
+        queue = make_queue(policy)
+        assert not self.has_unfinished(), "the policy changes only while no request is in flight"
+        self.waiting, self.policy = queue, policy
+
     def add(self, seq: Sequence) -> None:
         self.check(seq.num_prompt_tokens, seq.max_tokens)
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        self.waiting.add(seq, self.num_steps)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -127,7 +136,7 @@ class Scheduler:
             budget -= num_new
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.waiting.peek()
             if self.static and (len(self.running) + 1) * self.static_blocks_per_seq > \
                     self.block_manager.num_blocks:
                 break
@@ -143,7 +152,7 @@ class Scheduler:
                 break
             self._num_slots[seq.request_id] = seq.num_tokens
             num_new = seq.num_tokens - num_cached
-            self.waiting.popleft()
+            self.waiting.pop()
             seq.num_computed_tokens = num_cached
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
@@ -180,7 +189,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.add_preempted(seq)
 
     def _free(self, seq: Sequence) -> None:
         self.block_manager.free(seq.request_id)
