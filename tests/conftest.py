@@ -1,9 +1,52 @@
-"""Shared engines: building one compiles its graphs (seconds to minutes), so tests share them."""
+"""Shared engines: building one compiles its graphs (seconds to minutes), so tests share them, one session
+fixture per kind of engine (what is fixed at build time: model, dtype, block size, pool and step caps)."""
 import os
 
 import pytest
 
+from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    """The tiny random Llama with small step caps (7 token buckets), built once for the whole run."""
+    from ms_atb import LLM
+    return LLM(TINY_CONFIG, **TINY_BUILD)
+
+
+@pytest.fixture(scope="session")
+def tiny_built_settings(tiny_engine):
+    return scheduler_state(tiny_engine)
+
+
+@pytest.fixture
+def tiny_llm(tiny_engine, tiny_built_settings):
+    """The shared tiny engine with its built settings and an empty KV cache at the start of each test."""
+    tiny_engine.reset_scheduler(**tiny_built_settings)
+    return tiny_engine
+
+
+@pytest.fixture
+def cli_on_tiny_engine(tiny_engine, monkeypatch):
+    """ms-atb-generate run with TINY_CLI_SET builds its engine on the shared engine's model runner (the same
+    model and shapes, so no graph compiles); any other settings build a runner of their own."""
+    import ms_atb.worker.model_runner as model_runner
+    real = model_runner.ModelRunner
+    cfg = tiny_engine.config
+    shared = (cfg.model.path, cfg.model.dtype, TINY_BUILD["num_blocks"], cfg.kv_cache.block_size,
+              TINY_BUILD["max_num_seqs"], TINY_BUILD["max_num_batched_tokens"], tiny_engine.max_model_len,
+              cfg.context.device, 1, 0)
+
+    def runner(model_path, dtype, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+               device="cpu", tp_size=1, tp_rank=0):
+        args = (model_path, dtype, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                device, tp_size, tp_rank)
+        return tiny_engine.runner if args == shared else real(*args)
+
+    monkeypatch.setattr(model_runner, "ModelRunner", runner)
+    return tiny_engine
 
 
 @pytest.fixture(scope="session")

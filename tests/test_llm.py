@@ -15,10 +15,9 @@ TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def llm():
-    # Small step caps keep the number of compiled graphs (and the build time) down.
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm         # conftest.py: one tiny engine for the whole run, reset for each test
 
 
 def numpy_greedy(prompt, n):
