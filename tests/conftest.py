@@ -1,9 +1,53 @@
-"""Shared engines: building one compiles its graphs (seconds to minutes), so tests share them."""
+"""Shared engines: building one compiles its graphs (seconds to minutes), so tests share them, one session
+fixture per kind of engine (what is fixed at build time: model, dtype, block size, pool and step caps)."""
 import os
 
 import pytest
 
+from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    """The tiny random Llama with small step caps (7 token buckets), built once for the whole run."""
+    from ms_atb import LLM
+    return LLM(TINY_CONFIG, **TINY_BUILD)
+
+
+@pytest.fixture(scope="session")
+def tiny_built_settings(tiny_engine):
+    return scheduler_state(tiny_engine)
+
+
+@pytest.fixture
+def tiny_llm(tiny_engine, tiny_built_settings):
+    """The shared tiny engine with its built settings and an empty KV cache at the start of each test."""
+    tiny_engine.reset_scheduler(**tiny_built_settings)
+    return tiny_engine
+
+
+@pytest.fixture
+def cli_on_tiny_engine(tiny_engine, monkeypatch):
+    """ms-atb-generate run with TINY_CLI_SET builds its engine on the shared engine's model runner (the same
+    model and shapes, so no graph compiles); any other settings build a runner of their own."""
+    import ms_atb.worker.model_runner as model_runner
+    real = model_runner.ModelRunner
+
+    def key(config, num_blocks, max_model_len, tp_rank):
+        return (config.model.path, config.model.dtype, num_blocks, config.kv_cache.block_size,
+                config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, max_model_len,
+                config.context.device, config.parallel.tensor_parallel_size, tp_rank)
+    shared = key(tiny_engine.config, TINY_BUILD["num_blocks"], tiny_engine.max_model_len, 0)
+
+    def runner(config, num_blocks=None, max_model_len=None, tp_rank=0, model_config=None):
+        if key(config, num_blocks, max_model_len, tp_rank) == shared:
+            return tiny_engine.runner
+        return real(config, num_blocks, max_model_len, tp_rank, model_config)
+
+    monkeypatch.setattr(model_runner, "ModelRunner", runner)
+    return tiny_engine
 
 
 @pytest.fixture(scope="session")

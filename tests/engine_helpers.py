@@ -1,12 +1,23 @@
-"""What the engine tests share: the tiny model's numpy reference, and scheduler settings for a block."""
+"""What the engine tests share: the tiny model's numpy reference, the shared tiny engine's build settings,
+and scheduler settings for a block."""
 import contextlib
 import functools
+import os
 
 from ms_atb.config import config_keys
 from ms_atb.models.loader import iter_weights, load_config
 from numpy_llama import forward
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CONFIG = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 TINY_MODEL = "random:tiny-llama?seed=0"       # the model of configs/tiny_llama.yaml
+# The shared tiny engine (conftest.tiny_engine): small step caps keep its compiled graphs few.
+TINY_BUILD = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "num_blocks": 96}
+# The same caps as ms-atb-generate flags: a CLI run with them reuses the shared engine's graphs.
+TINY_CLI_SET = [arg for key, value in TINY_BUILD.items() for arg in ("--set", f"{key}={value}")]
+# What reset_scheduler() may change without recompiling.
+RESETTABLE = ("num_blocks", "enable_prefix_caching", "allocation", "enable_chunked_prefill", "max_num_seqs",
+              "max_num_batched_tokens")
 
 
 @functools.lru_cache(maxsize=1)
@@ -21,11 +32,16 @@ def tiny_logits(tokens):
     return forward(weights, config, list(tokens))
 
 
+def scheduler_state(llm, keys=RESETTABLE) -> dict:
+    """The engine's current value of each reset_scheduler() setting in keys."""
+    sections = config_keys()
+    return {k: llm.num_blocks if k == "num_blocks" else getattr(getattr(llm.config, sections[k]), k) for k in keys}
+
+
 @contextlib.contextmanager
 def scheduler_settings(llm, **overrides):
     """llm.reset_scheduler(**overrides) inside the block, the settings from before after it (both empty the cache)."""
-    before = {k: llm.num_blocks if k == "num_blocks" else getattr(getattr(llm.config, config_keys()[k]), k)
-              for k in overrides}
+    before = scheduler_state(llm, overrides)
     llm.reset_scheduler(**overrides)
     try:
         yield llm

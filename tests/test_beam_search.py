@@ -1,21 +1,18 @@
 """LLM.beam_search on the tiny random Llama against beam search written out over the numpy model."""
 import math
-import os
 
 import numpy as np
 import pytest
 
-from ms_atb import LLM, BeamSearchParams
+from ms_atb import BeamSearchParams
 from engine_helpers import scheduler_settings, tiny_logits
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 EOS = 511
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm         # conftest.py: one tiny engine for the whole run, reset for each test
 
 
 def log_softmax(x):

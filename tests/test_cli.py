@@ -9,6 +9,7 @@ import time
 import pytest
 
 from ms_atb.cli import done_ids, main, read_requests
+from engine_helpers import TINY_CLI_SET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -131,12 +132,12 @@ def test_bad_flags_exit_with_a_message(tmp_path, capsys):
     assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
-def test_chat_flag_needs_text_prompts(tmp_path):
+def test_chat_flag_needs_text_prompts(tmp_path, cli_on_tiny_engine):
     inp = tmp_path / "p.jsonl"
     inp.write_text('{"id": "ids", "prompt": [1, 2]}\n{"id": "text", "prompt": "hi"}\n')
     out = tmp_path / "o.jsonl"
     assert main(["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--chat",
-                 "--skip-invalid", "--max-tokens", "2", "--ignore-eos"]) == 0
+                 "--skip-invalid", "--max-tokens", "2", "--ignore-eos", *TINY_CLI_SET]) == 0
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert rows["ids"]["error"].endswith("p.jsonl:1 (id 'ids'): --chat applies the chat template to text prompts; "
                                              "this prompt is token ids")
@@ -179,53 +180,53 @@ def test_prompt_errors_are_reported_before_the_engine_is_built(tmp_path, capsys,
         unbuilt.generate([[1, 2]])
 
 
-def test_guided_choice_from_the_command_line_and_per_line(tmp_path):
+def test_guided_choice_from_the_command_line_and_per_line(tmp_path, cli_on_tiny_engine):
     inp = tmp_path / "p.jsonl"
     inp.write_text('{"id": "flag", "prompt": [1, 2, 3]}\n'
                    '{"id": "own", "prompt": [1, 2, 3], "guided_choice": ["maybe"]}\n'
                    '{"id": "bad", "prompt": [4, 5], "guided_choice": ["yes"], "ignore_eos": true}\n')
     out = tmp_path / "o.jsonl"
     assert main(["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--skip-invalid",
-                 "--set", "max_num_batched_tokens=64", "--guided-choice", "yes", "no", "--bad-words", "n"]) == 0
+                 *TINY_CLI_SET, "--guided-choice", "yes", "no", "--bad-words", "n"]) == 0
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert rows["flag"]["text"] == "yes" and rows["flag"]["finish_reason"] == "stop"     # "no" is a bad word
     assert rows["own"]["text"] == "maybe"
     assert "guided_choice ends the request" in rows["bad"]["error"]
 
 
-def test_beam_search_from_the_command_line(tmp_path, capsys):
-    from ms_atb import LLM, BeamSearchParams
+def test_beam_search_from_the_command_line(tmp_path, capsys, cli_on_tiny_engine, tiny_llm):
+    from ms_atb import BeamSearchParams
     inp = tmp_path / "p.jsonl"
     inp.write_text('{"id": "a", "prompt": [1, 2, 3]}\n{"id": "b", "prompt": [9, 8, 7, 6], "max_tokens": 4}\n'
                    '{"id": "c", "prompt": [5], "temperature": 0.5}\n')
     out = tmp_path / "o.jsonl"
     args = ["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--max-tokens", "6",
-            "--set", "max_num_batched_tokens=64", "--beam-width", "3", "--length-penalty", "0.5"]
+            *TINY_CLI_SET, "--beam-width", "3", "--length-penalty", "0.5"]
     assert main(args) == 2 and "under --beam-width a request may set only" in capsys.readouterr().err
     assert main(args + ["--skip-invalid", "--overwrite"]) == 0
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert "temperature" in rows["c"]["error"]
-    llm = LLM(TINY, max_num_batched_tokens=64)
     for rid, prompt, n in (("a", [1, 2, 3], 6), ("b", [9, 8, 7, 6], 4)):
-        want = llm.beam_search([prompt], BeamSearchParams(3, max_tokens=n, length_penalty=0.5), use_tqdm=False)[0]
+        want = tiny_llm.beam_search([prompt], BeamSearchParams(3, max_tokens=n, length_penalty=0.5), use_tqdm=False)[0]
         assert [b["token_ids"] for b in rows[rid]["beams"]] == [s.token_ids for s in want.sequences]
         assert rows[rid]["token_ids"] == want.sequences[0].token_ids and rows[rid]["num_prompt_tokens"] == len(prompt)
     assert main(args + ["--temperature", "0.7", "--overwrite"]) == 2
     assert "--beam-width takes only --max-tokens and --ignore-eos" in capsys.readouterr().err
 
 
-def test_skip_invalid_writes_error_lines_and_runs_the_rest(tmp_path, capsys):
+def test_skip_invalid_writes_error_lines_and_runs_the_rest(tmp_path, capsys, cli_on_tiny_engine):
     inp = tmp_path / "p.jsonl"
+    long = json.dumps([i % 500 + 1 for i in range(600)])         # over max_model_len (512)
     inp.write_text('{"id": "ok", "prompt": [1, 2, 3]}\n'
                    '{"id": "temp", "prompt": [1], "temperature": -1}\n'
                    'not json\n'
                    '{"id": "neither"}\n'
-                   '{"id": "long", "prompt": ' + json.dumps(list(range(300))) + '}\n'
-                   '{"id": "cut", "prompt": ' + json.dumps(list(range(300))) + ', "truncate_prompt_tokens": 10}\n'
+                   '{"id": "long", "prompt": ' + long + '}\n'
+                   '{"id": "cut", "prompt": ' + long + ', "truncate_prompt_tokens": 10}\n'
                    '{"id": "vocab", "prompt": [999999]}\n')
     out = tmp_path / "o.jsonl"
     args = ["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", "--max-tokens", "3",
-            "--ignore-eos", "--set", "max_num_batched_tokens=64", "--set", "max_model_len=128"]
+            "--ignore-eos", *TINY_CLI_SET]
     assert main(args + ["--skip-invalid"]) == 0
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert sorted(rows) == ["cut", "line-3", "long", "neither", "ok", "temp", "vocab"]
@@ -277,7 +278,7 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     assert all(len(r["token_ids"]) == 24 and r["finish_reason"] == "length" for r in rows)
 
 
-def test_interrupt_and_write_failure_keep_what_was_written(tmp_path, capsys, monkeypatch):
+def test_interrupt_and_write_failure_keep_what_was_written(tmp_path, capsys, monkeypatch, cli_on_tiny_engine):
     import ms_atb.cli as cli
     inp = tmp_path / "p.jsonl"
     inp.write_text("".join(f'{{"id": "r{i}", "prompt": [{i + 1}, 2, 3]}}\n' for i in range(4)))
@@ -290,7 +291,7 @@ def test_interrupt_and_write_failure_keep_what_was_written(tmp_path, capsys, mon
                 raise KeyboardInterrupt     # Ctrl-C, as the engine raises it
             yield record
     monkeypatch.setattr(cli, "_sample_records", interrupted)
-    args = ["--config", TINY, "--input", str(inp), "--no-progress", "--max-tokens", "3"]
+    args = ["--config", TINY, "--input", str(inp), "--no-progress", "--max-tokens", "3", *TINY_CLI_SET]
     assert main(args + ["--output", str(out)]) == 130
     assert "rerun with --resume" in capsys.readouterr().err
     assert len(done_ids(str(out))) == 2

@@ -98,7 +98,7 @@ def test_max_model_len_defaults_to_the_models_limit():
     from ms_atb import LLM
     assert EngineConfig.load({"model": {"path": "random:tiny-llama"}}).model.max_model_len is None
     llm = LLM({"model": {"path": "random:tiny-llama?seed=0"}}, num_blocks=8, max_num_seqs=1,
-              max_num_batched_tokens=16)
+              max_num_batched_tokens=1)                                   # one token bucket: one graph
     assert llm.max_model_len == 1024 == llm.model_config.max_position_embeddings     # below the 2,048 default
     assert llm.scheduler.max_model_len == 1024
     with pytest.raises(ValueError, match="max_model_len 1025 exceeds the model's max_position_embeddings 1024"):

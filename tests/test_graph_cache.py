@@ -36,6 +36,7 @@ def _run(cache, num_blocks, inline=False):
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
 
 
+@pytest.mark.slow                # five processes: MindSpore keeps one cache path per process
 def test_second_run_loads_the_graphs_and_gives_the_same_tokens(tmp_path):
     cache = tmp_path / "graphs"
     (saved, path, tokens), (second, second_path, second_tokens) = _run(cache, "40,40")

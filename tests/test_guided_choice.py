@@ -1,18 +1,15 @@
 """guided_choice (the output text is one of a list of strings) and bad_words: the guide on hand-made
 vocabularies, then generate() on the tiny random Llama against the numpy model with the same rules
 written out byte by byte."""
-import os
 
 import numpy as np
 import pytest
 
-from ms_atb import LLM, SamplingParams
+from ms_atb import SamplingParams
 from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.text.tokenizer import Tokenizer
 from engine_helpers import scheduler_settings, tiny_logits
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 EOS = 511                                     # the tiny model's byte tokenizer: ids 0-255 are bytes
 
 
@@ -78,9 +75,9 @@ def test_bad_values_are_rejected(fields, match):
 
 
 # ---- generate() on the tiny model -----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm         # conftest.py: one tiny engine for the whole run, reset for each test
 
 
 def numpy_guided_greedy(prompt, choices, max_tokens):

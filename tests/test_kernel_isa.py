@@ -11,6 +11,8 @@ from ms_atb.ops import build
 from ms_atb.ops.matmul import pack_weight
 from ops_reference import paged_attention_ref
 
+pytestmark = pytest.mark.slow      # each variant rebuilds the kernel library
+
 VARIANTS = {"avx2": ("-mno-avx512f",), "portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
 
 

@@ -150,6 +150,7 @@ def subprocess_runs(tmp_path_factory):
     return runs, inputs
 
 
+@pytest.mark.slow
 def test_packed_matmul_independent_of_thread_count(subprocess_runs):
     runs, inputs = subprocess_runs
     one_thread, _ = runs["one_thread"]
@@ -158,6 +159,7 @@ def test_packed_matmul_independent_of_thread_count(subprocess_runs):
         assert np.array_equal(here, one_thread[f"y{i}"]), (m, k, n)
 
 
+@pytest.mark.slow
 def test_kernel_profile_printed_only_when_enabled(subprocess_runs):
     runs, _ = subprocess_runs
     line = re.compile(r"ms_atb kernel profile: PackedMatMul\s+(\d+) calls")

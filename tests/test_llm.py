@@ -15,10 +15,9 @@ TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def llm():
-    # Small step caps keep the number of compiled graphs (and the build time) down.
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm         # conftest.py: one tiny engine for the whole run, reset for each test
 
 
 def numpy_greedy(prompt, n):
@@ -117,6 +116,7 @@ def test_every_scheduling_layout_gives_the_same_tokens(llm, layout):
                             max_num_seqs=8, max_num_batched_tokens=64, num_blocks=96)
 
 
+@pytest.mark.slow               # an engine of its own for each block size
 @pytest.mark.parametrize("block_size", [1, 8, 32])
 def test_other_block_sizes_give_the_same_tokens(llm, block_size):
     prompts, params = _mixed_batch()
@@ -368,6 +368,7 @@ def test_bad_engine_arguments(kwargs, match):
         LLM(TINY, **kwargs)
 
 
+@pytest.mark.slow
 def test_a_device_this_mindspore_cannot_use_is_a_value_error():
     # its own process: a MindSpore that can switch to Ascend would stay switched
     code = ("import sys\nfrom ms_atb import LLM\ntry:\n    LLM(sys.argv[1], device='npu')\n"
@@ -448,7 +449,7 @@ def test_padded_vocabulary_and_the_models_eos_when_the_tokenizer_has_none(tmp_pa
     tok.train_from_iterator(["hello world, the quick brown fox"] * 20, trainers.BpeTrainer(
         vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(tmp_path / "tokenizer.json"))                      # ~270 tokens, no EOS named
-    llm = LLM(str(tmp_path), num_blocks=32, max_model_len=128, max_num_batched_tokens=32, max_num_seqs=4)
+    llm = LLM(str(tmp_path), num_blocks=32, max_model_len=128, max_num_batched_tokens=1, max_num_seqs=1)  # 1 graph
     assert llm.tokenizer.eos_token_id is None and llm.stop_token_ids == {2}
     out = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0.0, logit_bias={2: 100.0}),
                        use_tqdm=False)[0]

@@ -1,4 +1,5 @@
-"""ModelRunner on random:tiny-llama with hand-built steps."""
+"""ModelRunner on random:tiny-llama with hand-built steps: the shared tiny engine's runner (conftest.py; 64-token
+cap, 8 sequences, 96 blocks of 16, max_model_len 512), driven directly."""
 import time
 from types import SimpleNamespace
 
@@ -6,8 +7,7 @@ import numpy as np
 import pytest
 
 import numpy_llama as nl
-from ms_atb.config import EngineConfig
-from ms_atb.worker.model_runner import ModelRunner, kv_cache_bytes_per_block, token_buckets
+from ms_atb.worker.model_runner import kv_cache_bytes_per_block, token_buckets
 from ms_atb.models import loader
 
 BS = 16
@@ -29,14 +29,15 @@ def make_step(seqs):
 
 
 @pytest.fixture(scope="module")
-def runner():
-    return ModelRunner(EngineConfig.load(None, path="random:tiny-llama", num_blocks=16, block_size=BS,
-                                         max_num_seqs=4, max_num_batched_tokens=24, max_model_len=64))
+def runner(tiny_engine):
+    """Its KV cache is dropped afterwards (the steps here write blocks the engine's scheduler does not know)."""
+    yield tiny_engine.runner
+    tiny_engine.reset_scheduler()
 
 
 @pytest.fixture(scope="module")
 def weights(runner):
-    return dict(loader.iter_weights("random:tiny-llama", runner.model_config))
+    return dict(loader.iter_weights(runner.model_path, runner.model_config))
 
 
 def test_token_buckets():
@@ -60,34 +61,35 @@ def test_kv_cache_bytes_per_block(runner):
 
 
 def test_prepare_pads_to_the_bucket(runner):
-    step = make_step([("a", [3, 7], 20, list(range(1, 6))), ("b", [9], 3, [7, 8, 9])])
+    step = make_step([("a", [3, 7], 20, list(range(1, 11))), ("b", [9], 3, [7, 8, 9])])
     (ids, pos, slots, tables, lens, qsl), num_seqs = runner.prepare(step)
-    assert num_seqs == 2 and len(ids) == 8 and tables.shape == (4, 4)  # T 8 -> bucket 8, B -> min(8, 4)
-    assert list(slots) == [3 * 16 + 15, 7 * 16 + 0, 7 * 16 + 1, 7 * 16 + 2, 7 * 16 + 3, 144, 145, 146]
+    assert num_seqs == 2 and len(ids) == 16 and tables.shape == (8, 32)  # T 13 -> bucket 16, B -> min(16, 8)
+    assert list(slots) == ([3 * 16 + p for p in range(10, 16)] + [7 * 16 + p for p in range(4)] + [144, 145, 146]
+                           + [-1] * 3)
     step = make_step([("a", [3, 7], 20, list(range(1, 6)))])
-    (ids, pos, slots, tables, lens, qsl), _ = runner.prepare(step)
+    (ids, pos, slots, tables, lens, qsl), _ = runner.prepare(step)       # T 5 -> bucket 8, B -> min(8, 8)
     assert list(slots[5:]) == [-1] * 3 and list(ids[5:]) == [0] * 3
-    assert list(lens) == [20, 0, 0, 0] and list(qsl) == [0, 5, 5, 5, 5]
-    assert tables.tolist() == [[3, 7, 0, 0], [0] * 4, [0] * 4, [0] * 4]
+    assert list(lens) == [20] + [0] * 7 and list(qsl) == [0] + [5] * 8
+    assert tables.tolist() == [[3, 7] + [0] * 30] + [[0] * 32] * 7     # 512 / 16 blocks a row
 
 
 def test_step_errors(runner):
-    with pytest.raises(ValueError, match="above max_num_batched_tokens 24"):
-        runner.prepare(make_step([("a", [0, 1], 25, list(range(25)))]))
-    with pytest.raises(ValueError, match="above max_num_seqs 4"):
-        runner.prepare(make_step([(str(i), [i], 1, [1]) for i in range(5)]))
-    with pytest.raises(ValueError, match="block table 0 has 5 blocks"):
-        runner.prepare(make_step([("a", [0, 1, 2, 3, 4], 1, [1])]))
+    with pytest.raises(ValueError, match="above max_num_batched_tokens 64"):
+        runner.prepare(make_step([("a", [0, 1, 2, 3, 4], 65, list(range(65)))]))
+    with pytest.raises(ValueError, match="above max_num_seqs 8"):
+        runner.prepare(make_step([(str(i), [i], 1, [1]) for i in range(9)]))
+    with pytest.raises(ValueError, match="block table 0 has 33 blocks"):
+        runner.prepare(make_step([("a", list(range(33)), 1, [1])]))
 
 
 def test_warmup_compiles_every_bucket_then_steps_match_numpy(runner, weights):
     stats = runner.warmup()
-    assert stats["graphs"] == len(runner.buckets) == 6 and stats["seconds"] > 0
+    assert stats["graphs"] == len(runner.buckets) == 7 and stats["seconds"] > 0
     rng = np.random.default_rng(0)
     a, b = list(rng.integers(0, 512, 18)), list(rng.integers(0, 512, 5))
     ta, tb = [11, 2], [6]
     start = time.perf_counter()
-    logits = runner.execute(make_step([("a", ta, 18, a), ("b", tb, 5, b)]))  # T 23 -> bucket 24
+    logits = runner.execute(make_step([("a", ta, 18, a), ("b", tb, 5, b)]))  # T 23 -> bucket 32
     for _ in range(3):
         assert logits.shape == (2, 512) and logits.dtype == np.float32
         for row, toks in zip(logits, (a, b)):

@@ -1,23 +1,20 @@
 """SamplingParams(n=...): several samples of one prompt, sharing its cached KV, each with its own
 random stream, stop conditions and logprobs; against single-sample runs of the same engine."""
 import json
-import os
 
 import pytest
 
-from ms_atb import LLM, SamplingParams
+from ms_atb import SamplingParams
 from ms_atb.cli import main as cli_main
 from ms_atb.engine_summary import summarize
-from engine_helpers import scheduler_settings
+from engine_helpers import TINY_CLI_SET, TINY_CONFIG, scheduler_settings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 PROMPT = list(range(3, 43))          # 40 tokens: 2 whole blocks of 16 and 8 more
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm         # conftest.py: one tiny engine for the whole run, reset for each test
 
 
 def test_samples_are_seeded_streams_and_sample_0_is_the_single_sample(llm):
@@ -93,14 +90,13 @@ def test_bad_n_and_duplicate_ids_are_rejected_and_the_engine_stays_usable(llm):
     assert len(llm.generate([PROMPT], greedy, use_tqdm=False)[0].outputs) == 2
 
 
-def test_cli_writes_every_sample(tmp_path):
+def test_cli_writes_every_sample(tmp_path, cli_on_tiny_engine):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "x", "prompt": PROMPT, "n": 3, "temperature": 1.0, "seed": 5}) + "\n"
                    + json.dumps({"id": "y", "prompt": PROMPT[:9]}) + "\n")
     dst = tmp_path / "out.jsonl"
-    rc = cli_main(["--config", TINY, "--input", str(src), "--output", str(dst), "--no-progress",
-                   "--max-tokens", "5", "--ignore-eos", "--set", "max_num_batched_tokens=64",
-                   "--set", "max_num_seqs=8", "--set", "num_blocks=96"])
+    rc = cli_main(["--config", TINY_CONFIG, "--input", str(src), "--output", str(dst), "--no-progress",
+                   "--max-tokens", "5", "--ignore-eos", *TINY_CLI_SET])
     assert rc == 0
     rows = {r["id"]: r for r in map(json.loads, dst.read_text().splitlines())}
     assert [s["index"] for s in rows["x"]["outputs"]] == [0, 1, 2]

@@ -1,23 +1,20 @@
 """SamplingParams(prompt_logprobs=N): every prompt token's log-probability under the model, against
 the independent numpy model; across prefill chunks, past the prefix cache, under preemption."""
 import json
-import os
 
 import numpy as np
 import pytest
 
-from ms_atb import LLM, SamplingParams
+from ms_atb import SamplingParams
 from ms_atb.cli import main as cli_main
-from engine_helpers import scheduler_settings, tiny_logits
+from engine_helpers import TINY_CLI_SET, TINY_CONFIG, scheduler_settings, tiny_logits
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 PREFIX = [7 * i % 500 + 1 for i in range(37)]            # 2 whole blocks of 16 and 5 more
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm         # conftest.py: one tiny engine for the whole run, reset for each test
 
 
 def reference(prompt, top):
@@ -84,16 +81,15 @@ def test_one_list_for_n_samples_and_unchanged_under_preemption(llm):
             assert list(g) == list(r) and np.allclose(list(g.values()), list(r.values()), atol=1e-5)
 
 
-def test_bad_prompt_logprobs_and_the_cli(tmp_path):
+def test_bad_prompt_logprobs_and_the_cli(tmp_path, cli_on_tiny_engine):
     for bad in (-1, 21, 1.5, True):
         with pytest.raises(ValueError, match="prompt_logprobs must be None"):
             SamplingParams(prompt_logprobs=bad)
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "s", "prompt": PREFIX[:9], "prompt_logprobs": 2}) + "\n")
     dst = tmp_path / "out.jsonl"
-    assert cli_main(["--config", TINY, "--input", str(src), "--output", str(dst), "--no-progress",
-                     "--max-tokens", "1", "--set", "max_num_batched_tokens=64", "--set", "max_num_seqs=8",
-                     "--set", "num_blocks=96"]) == 0
+    assert cli_main(["--config", TINY_CONFIG, "--input", str(src), "--output", str(dst), "--no-progress",
+                     "--max-tokens", "1", *TINY_CLI_SET]) == 0
     row = json.loads(dst.read_text())
     assert row["prompt_logprobs"][0] is None and len(row["prompt_logprobs"]) == 9
     ref = reference(PREFIX[:9], 2)

@@ -1,20 +1,16 @@
 """The forms a request may take beyond text and token ids: vLLM's prompt dicts, and max_tokens=None
 (as many tokens as max_model_len and the KV pool leave)."""
-import os
-
 import pytest
 
-from ms_atb import LLM, SamplingParams
+from ms_atb import SamplingParams
 from engine_helpers import scheduler_settings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")       # max_model_len 512
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=96)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm         # conftest.py: one tiny engine for the whole run (max_model_len 512), reset per test
 
 
 def test_prompt_dicts_are_text_or_token_ids(llm):

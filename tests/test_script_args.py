@@ -8,6 +8,15 @@ import pytest
 
 from scripts_import import SCRIPTS, load_script
 
+
+def run_main(script, args, monkeypatch, capsys):
+    """The script's main() in this process with argv [script, *args]: its exit status and stderr."""
+    module = load_script(script.removesuffix(".py"))
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    with pytest.raises(SystemExit) as info:
+        module.main()
+    return info.value.code, capsys.readouterr().err
+
 CASES = [
     ("bench_block_manager.py", ["--steps", "1"], "--steps must be >= 4"),
     ("bench_kv.py", ["--prompt", "20", "10"], "--prompt LO HI needs 1 <= LO <= HI"),
@@ -22,17 +31,16 @@ CASES = [
 
 
 @pytest.mark.parametrize("script, args, message", CASES)
-def test_bad_arguments_exit_2_with_a_message(script, args, message):
-    run = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+def test_bad_arguments_exit_2_with_a_message(script, args, message, monkeypatch, capsys):
+    code, err = run_main(script, args, monkeypatch, capsys)       # any other exception fails the test
+    assert code == 2 and message in err and "Traceback" not in err, err
 
 
-def test_an_output_that_cannot_be_written_is_refused_first(tmp_path):
+def test_an_output_that_cannot_be_written_is_refused_first(tmp_path, monkeypatch, capsys):
     (tmp_path / "afile").write_text("")
     for script in ("bench_throughput.py", "bench_kv.py"):
-        run = subprocess.run([sys.executable, str(SCRIPTS / script), "--json", str(tmp_path / "afile" / "o.json")],
-                             capture_output=True, text=True, timeout=120)
-        assert run.returncode == 2 and "its folder cannot be made" in run.stderr, run.stderr
+        code, err = run_main(script, ["--json", str(tmp_path / "afile" / "o.json")], monkeypatch, capsys)
+        assert code == 2 and "its folder cannot be made" in err, err
 
 
 def test_seed_ranges():
