@@ -24,7 +24,7 @@ def test_read_requests_text_and_jsonl(tmp_path):
     js.write_text('{"id": 7, "prompt": [1, 2], "max_tokens": 3}\n'
                   '{"messages": [{"role": "user", "content": "hi"}]}\n')
     items = read_requests(str(js))
-    assert items[0]["id"] == "7" and items[0]["max_tokens"] == 3
+    assert items[0]["id"] == 7 and type(items[0]["id"]) is int and items[0]["max_tokens"] == 3
     assert items[1]["id"] == "line-2" and "messages" in items[1]
 
 
@@ -33,7 +33,7 @@ def test_read_requests_text_and_jsonl(tmp_path):
     ('{"id": null, "prompt": "a"}\n', r"p\.jsonl:1: 'id' must be a string or an integer, got null"),
     ('{"id": [1], "prompt": "a"}\n', r"p\.jsonl:1: 'id' must be a string or an integer, got \[1\]"),
     ('{"id": 1}\n', r"p\.jsonl:1: each line needs exactly one of 'prompt' or 'messages'"),
-    ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', r"id '1' appears more than once"),
+    ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', r"id 1 appears more than once"),
 ])
 def test_bad_input_files(tmp_path, content, match):
     path = tmp_path / "p.jsonl"
