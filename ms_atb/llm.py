@@ -16,7 +16,7 @@ from ms_atb.sampling_params import SamplingParams
 from ms_atb.request import Request
 from ms_atb.request_builder import Prompt, RequestBuilder
 from ms_atb.core.prefix_order import POLICIES
-from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 
 
 class LLM:
@@ -269,9 +269,11 @@ class LLM:
     def new_scheduler(self) -> Scheduler:
         """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""
         kv, sc = self.config.kv_cache, self.config.scheduler
-        scheduler = Scheduler(self.num_blocks, kv.block_size, self.max_model_len, sc.max_num_seqs,
-                              sc.max_num_batched_tokens, sc.enable_chunked_prefill,
-                              kv.enable_prefix_caching, kv.allocation)
+        scheduler = Scheduler(SchedulerConfig(
+            num_blocks=self.num_blocks, block_size=kv.block_size, max_model_len=self.max_model_len,
+            max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
+            enable_chunked_prefill=sc.enable_chunked_prefill, enable_prefix_caching=kv.enable_prefix_caching,
+            allocation=kv.allocation))
         scheduler.set_policy(self.policy)
         return scheduler
 

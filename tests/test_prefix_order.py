@@ -5,7 +5,7 @@ import random
 import pytest
 
 from ms_atb.core.prefix_order import MAX_OVERTAKES, FcfsQueue, PrefixQueue
-from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 from ms_atb.core.sequence import Sequence
 from test_scheduler import VOCAB, run
 
@@ -67,8 +67,8 @@ def test_prefix_groups_are_admitted_together_and_computed_once():
         seqs_of[policy] = [seq(f"r{i}", systems[i % 6] + [rng.randrange(VOCAB) for _ in range(8)], 6)
                            for i in order]
         # Room for about three system prompts with the running requests: FCFS keeps evicting.
-        sched = Scheduler(num_blocks=16, block_size=16, max_model_len=256, max_num_seqs=2,
-                          max_num_batched_tokens=64, enable_prefix_caching=True)
+        sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=16, max_model_len=256, max_num_seqs=2,
+                                          max_num_batched_tokens=64, enable_prefix_caching=True))
         sched.set_policy(policy)
         return sched, admission_order(sched, seqs_of[policy])
     rng_state = rng.getstate()
@@ -90,8 +90,8 @@ def test_a_request_is_overtaken_by_at_most_max_overtakes_later_arrivals(max_over
     first; the lone one is admitted after at most max_overtakes of them."""
     rng = random.Random(1)
     hot = [1] * 32
-    sched = Scheduler(num_blocks=64, block_size=16, max_model_len=128, max_num_seqs=1,
-                      max_num_batched_tokens=256, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=128, max_num_seqs=1,
+                                      max_num_batched_tokens=256, enable_prefix_caching=True))
     sched.set_policy("prefix")
     sched.waiting.max_overtakes = max_overtakes
     lone = seq("lone", [VOCAB - 1] * 20, 2)
@@ -113,8 +113,8 @@ def test_a_request_is_overtaken_by_at_most_max_overtakes_later_arrivals(max_over
 
 def test_without_the_bound_the_lone_request_would_wait_on_every_later_arrival():
     rng = random.Random(1)
-    sched = Scheduler(num_blocks=64, block_size=16, max_model_len=128, max_num_seqs=1,
-                      max_num_batched_tokens=256, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=128, max_num_seqs=1,
+                                      max_num_batched_tokens=256, enable_prefix_caching=True))
     sched.set_policy("prefix")
     sched.waiting.max_overtakes = 10 ** 9
     lone = seq("lone", [VOCAB - 1] * 20, 2)
@@ -130,8 +130,8 @@ def test_a_batch_added_at_once_is_one_arrival_and_admitted_in_one_pass():
     rng = random.Random(2)
     seqs = [seq(f"r{i}", [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))], rng.randint(1, 8))
             for i in range(3 * MAX_OVERTAKES)]
-    sched = Scheduler(num_blocks=32, block_size=16, max_model_len=128, max_num_seqs=4,
-                      max_num_batched_tokens=64, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(num_blocks=32, block_size=16, max_model_len=128, max_num_seqs=4,
+                                      max_num_batched_tokens=64, enable_prefix_caching=True))
     sched.set_policy("prefix")
     order = admission_order(sched, seqs)
     assert order == [s.request_id for s in sorted(seqs, key=lambda s: s.prompt_token_ids)]
@@ -146,8 +146,9 @@ def test_prefix_order_gives_every_request_the_tokens_of_fcfs(seed):
     specs += rng.sample(specs, 4)                                 # exact duplicates
     tokens = {}
     for policy in ("fcfs", "prefix"):
-        sched = Scheduler(num_blocks=16, block_size=8, max_model_len=128, max_num_seqs=rng.randint(2, 8),
-                          max_num_batched_tokens=32, enable_prefix_caching=True)
+        sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=8, max_model_len=128,
+                                          max_num_seqs=rng.randint(2, 8),
+                                          max_num_batched_tokens=32, enable_prefix_caching=True))
         sched.set_policy(policy)
         seqs = [seq(f"r{i}", p, m) for i, (p, m) in enumerate(specs)]
         run(sched, seqs)
@@ -157,7 +158,7 @@ def test_prefix_order_gives_every_request_the_tokens_of_fcfs(seed):
 
 
 def test_policy_is_checked_and_changes_only_between_runs():
-    sched = Scheduler(num_blocks=8, block_size=16, max_model_len=64)
+    sched = Scheduler(SchedulerConfig(num_blocks=8, block_size=16, max_model_len=64))
     with pytest.raises(ValueError, match=r"policy must be one of \['fcfs', 'prefix'\], got 'lifo'"):
         sched.set_policy("lifo")
     assert isinstance(sched.waiting, FcfsQueue) and sched.policy == "fcfs"

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 from ms_atb.core.sequence import Sequence, SequenceStatus
 
 VOCAB = 1000
@@ -53,8 +53,8 @@ def make_seqs(lengths, max_tokens, seed=0, prefix=()):
 
 
 def test_budgets_respected_every_step():
-    sched = Scheduler(num_blocks=64, block_size=16, max_model_len=512, max_num_seqs=4,
-                      max_num_batched_tokens=48)
+    sched = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=512, max_num_seqs=4,
+                                      max_num_batched_tokens=48))
 
     def check(step):
         assert step.num_tokens <= 48
@@ -69,7 +69,7 @@ def test_budgets_respected_every_step():
 
 
 def test_chunked_prefill_splits_as_configured():
-    sched = Scheduler(num_blocks=64, block_size=16, max_model_len=512, max_num_batched_tokens=32)
+    sched = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=512, max_num_batched_tokens=32))
     (seq,) = make_seqs([100], [2])
     history = run(sched, [seq])
     assert [h[0][1] for h in history] == [32, 32, 32, 4, 1]
@@ -77,8 +77,8 @@ def test_chunked_prefill_splits_as_configured():
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_a_whole_step():
-    sched = Scheduler(num_blocks=64, block_size=16, max_model_len=512, max_num_batched_tokens=64,
-                      enable_chunked_prefill=False)
+    sched = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=512, max_num_batched_tokens=64,
+                                      enable_chunked_prefill=False))
     a, b = make_seqs([40, 40], [3, 3])
     history = run(sched, [a, b])
     assert history[0] == [("r0", 40)]                 # b does not fit beside a: no split
@@ -91,10 +91,10 @@ def test_preemption_reproduces_roomy_streams():
     lengths = [30, 50, 20, 64, 45, 10, 33, 28]
     max_tokens = [40, 25, 60, 30, 35, 50, 20, 45]
     roomy = make_seqs(lengths, max_tokens, seed=1)
-    run(Scheduler(num_blocks=256, block_size=16, max_model_len=256, max_num_batched_tokens=128), roomy)
+    run(Scheduler(SchedulerConfig(num_blocks=256, block_size=16, max_model_len=256, max_num_batched_tokens=128)), roomy)
     tight = make_seqs(lengths, max_tokens, seed=1)
-    sched = Scheduler(num_blocks=12, block_size=16, max_model_len=256, max_num_batched_tokens=128,
-                      enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(num_blocks=12, block_size=16, max_model_len=256, max_num_batched_tokens=128,
+                                      enable_prefix_caching=True))
     run(sched, tight)
     assert sched.num_preemptions > 0
     assert [s.token_ids for s in tight] == [s.token_ids for s in roomy]
@@ -102,8 +102,8 @@ def test_preemption_reproduces_roomy_streams():
 
 
 def test_preempted_request_resumes_on_its_own_cached_blocks():
-    sched = Scheduler(num_blocks=8, block_size=4, max_model_len=64, max_num_batched_tokens=64,
-                      enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(num_blocks=8, block_size=4, max_model_len=64, max_num_batched_tokens=64,
+                                      enable_prefix_caching=True))
     a, b = make_seqs([8, 8], [20, 20], seed=2)
     run(sched, [a, b])
     assert sched.num_preemptions > 0
@@ -112,8 +112,8 @@ def test_preempted_request_resumes_on_its_own_cached_blocks():
 
 def test_same_step_prefix_sharing():
     prefix = list(range(100, 132))                    # two whole blocks
-    sched = Scheduler(num_blocks=32, block_size=16, max_model_len=256, max_num_batched_tokens=256,
-                      enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(num_blocks=32, block_size=16, max_model_len=256, max_num_batched_tokens=256,
+                                      enable_prefix_caching=True))
     seqs = make_seqs([5, 7, 9], [4, 4, 4], seed=3, prefix=prefix)
     for s in seqs:
         sched.add(s)
@@ -126,7 +126,7 @@ def test_same_step_prefix_sharing():
 
 def test_no_sharing_without_prefix_caching():
     prefix = list(range(100, 132))
-    sched = Scheduler(num_blocks=32, block_size=16, max_model_len=256, max_num_batched_tokens=256)
+    sched = Scheduler(SchedulerConfig(num_blocks=32, block_size=16, max_model_len=256, max_num_batched_tokens=256))
     seqs = make_seqs([5, 7], [4, 4], seed=3, prefix=prefix)
     for s in seqs:
         sched.add(s)
@@ -135,8 +135,8 @@ def test_no_sharing_without_prefix_caching():
 
 def test_static_admits_fewer_than_paged():
     def peak(allocation):
-        sched = Scheduler(num_blocks=64, block_size=16, max_model_len=256, max_num_seqs=64,
-                          max_num_batched_tokens=4096, allocation=allocation)
+        sched = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256, max_num_seqs=64,
+                                          max_num_batched_tokens=4096, allocation=allocation))
         run(sched, make_seqs([40] * 20, [20] * 20, seed=4))
         return sched.peak_running
 
@@ -146,15 +146,15 @@ def test_static_admits_fewer_than_paged():
 
 
 def test_impossible_requests_rejected_when_added():
-    sched = Scheduler(num_blocks=4, block_size=16, max_model_len=128)
+    sched = Scheduler(SchedulerConfig(num_blocks=4, block_size=16, max_model_len=128))
     with pytest.raises(ValueError, match="max_model_len"):
         sched.add(Sequence("a", [1] * 100, 29))
     with pytest.raises(ValueError, match="KV blocks"):
         sched.add(Sequence("b", [1] * 60, 20))
     with pytest.raises(ValueError, match="static allocation"):
-        Scheduler(num_blocks=4, block_size=16, max_model_len=128, allocation="static")
+        Scheduler(SchedulerConfig(num_blocks=4, block_size=16, max_model_len=128, allocation="static"))
     with pytest.raises(ValueError, match="allocation"):
-        Scheduler(num_blocks=4, block_size=16, max_model_len=128, allocation="lazy")
+        Scheduler(SchedulerConfig(num_blocks=4, block_size=16, max_model_len=128, allocation="lazy"))
     assert not sched.has_unfinished()
 
 
@@ -168,7 +168,7 @@ def test_bad_sequences_are_value_errors(prompt, max_tokens, match):
 
 
 def test_stop_conditions():
-    sched = Scheduler(num_blocks=16, block_size=16, max_model_len=128)
+    sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=16, max_model_len=128))
     seq = Sequence("a", [1, 2, 3], max_tokens=10, stop_token_ids={7})
     sched.add(seq)
     step = sched.schedule()
@@ -186,7 +186,7 @@ def test_stop_conditions():
 
 
 def test_finished_request_last_token_never_committed():
-    sched = Scheduler(num_blocks=16, block_size=4, max_model_len=128, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=128, enable_prefix_caching=True))
     a = Sequence("a", [1, 2, 3], max_tokens=1)        # prompt 3 + sampled 1 = one full block
     run(sched, [a])
     b = Sequence("b", a.token_ids + [9], max_tokens=1)
@@ -198,10 +198,10 @@ def test_finished_request_last_token_never_committed():
 def test_random_workloads_finish_without_deadlock(seed):
     rng = random.Random(seed)
     n = 30
-    sched = Scheduler(num_blocks=rng.randint(10, 40), block_size=rng.choice([4, 16]), max_model_len=160,
-                      max_num_seqs=rng.randint(1, 8), max_num_batched_tokens=rng.randint(16, 128),
-                      enable_chunked_prefill=True, enable_prefix_caching=rng.random() < 0.5,
-                      allocation=rng.choice(["contiguous", "scattered"]))
+    sched = Scheduler(SchedulerConfig(num_blocks=rng.randint(10, 40), block_size=rng.choice([4, 16]), max_model_len=160,
+                                      max_num_seqs=rng.randint(1, 8), max_num_batched_tokens=rng.randint(16, 128),
+                                      enable_chunked_prefill=True, enable_prefix_caching=rng.random() < 0.5,
+                                      allocation=rng.choice(["contiguous", "scattered"])))
     shared = [rng.randrange(VOCAB) for _ in range(24)]
     seqs = []
     for i in range(n):

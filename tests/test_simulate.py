@@ -9,7 +9,7 @@ import pytest
 
 from ms_atb.sim.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, CostModel, Device, GiB, MiB,
                                ModelShape)
-from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 from ms_atb.core.sequence import Sequence
 from ms_atb.sim.simulator import (Workload, output_len_for_static_utilisation, simulate,
                               ttft_one_by_one)
@@ -43,7 +43,7 @@ def test_cost_model_hand_computed():
 
 
 def test_step_cost_matches_scheduler_step():
-    sched = Scheduler(num_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=64)
+    sched = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=64))
     sched.add(Sequence("a", [1, 2, 3], 4, ignore_eos=True))
     sched.add(Sequence("b", [4, 5, 6, 7, 8], 4, ignore_eos=True))
     step = sched.schedule()

@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ms_atb.core.block_manager import PLACEMENTS, BlockManager, NoFreeBlocksError
+from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
 from ms_atb.core.prefix_order import FcfsQueue, make_queue
+from ms_atb.core.scheduler_config import ALLOCATIONS, SchedulerConfig
 from ms_atb.core.sequence import Sequence, SequenceStatus
 
-# the block manager's placements, and "static": the article's baseline, an admission policy of the scheduler
-ALLOCATIONS = PLACEMENTS + ("static",)
+__all__ = ["ALLOCATIONS", "Scheduler", "SchedulerConfig", "Step"]
 
 
 @dataclass
@@ -46,25 +46,18 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
-                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = False,
-                 allocation: str = "contiguous"):
-        if allocation not in ALLOCATIONS:
-            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
-        for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        num_blocks, block_size, max_model_len = config.num_blocks, config.block_size, config.max_model_len
         self.block_manager = BlockManager(
-            num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
-            allocation="scattered" if allocation == "scattered" else "contiguous")
+            num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching,
+            allocation="scattered" if config.allocation == "scattered" else "contiguous")
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_chunked_prefill = enable_chunked_prefill
-        self.static = allocation == "static"
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.enable_chunked_prefill = config.enable_chunked_prefill
+        self.static = config.allocation == "static"
         self.static_blocks_per_seq = math.ceil(max_model_len / block_size)
         if self.static and self.static_blocks_per_seq > num_blocks:
             raise ValueError(f"static allocation reserves {self.static_blocks_per_seq} blocks "

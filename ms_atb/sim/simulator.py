@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from ms_atb.sim.cost_model import CostModel
-from ms_atb.core.scheduler import Scheduler
+from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 from ms_atb.core.sequence import Sequence
 
 # mode -> (Scheduler allocation, enable_prefix_caching)
@@ -105,9 +105,9 @@ def _make_scheduler(mode: str, num_blocks: int, block_size: int, max_model_len: 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
     allocation, caching = MODES[mode]
-    return Scheduler(num_blocks, block_size, max_model_len, max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=True,
-                     enable_prefix_caching=caching, allocation=allocation)
+    return Scheduler(SchedulerConfig(num_blocks, block_size, max_model_len, max_num_seqs=max_num_seqs,
+                                     max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=True,
+                                     enable_prefix_caching=caching, allocation=allocation))
 
 
 def simulate(cost_model: CostModel, requests: list[tuple[list[int], int]], mode: str,
