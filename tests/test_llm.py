@@ -124,7 +124,7 @@ def test_other_block_sizes_give_the_same_tokens(llm, block_size):
     reference = tokens_of(llm.generate(prompts, params, use_tqdm=False))
     other = LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, block_size=block_size,
                 num_blocks=max(8, 1536 // block_size))
-    fresh = other.stats()          # DESIGN.md's keys before any run too
+    fresh = other.stats()          # docs/design.md's keys before any run too
     assert {"kv_cache_usage", "prefix_cache_hit_rate", "num_preemptions", "contiguity", "allocation_contiguity",
             "peak_running", "tokens_per_s"} <= set(fresh) and fresh["tokens_per_s"] == 0.0
     assert tokens_of(other.generate(prompts, params, use_tqdm=False)) == reference
@@ -246,7 +246,7 @@ def test_stop_token_ids_end_the_request(llm):
                        use_tqdm=False)[0]
     assert out.finish_reason == "stop"
     assert out.token_ids == expected[:first + 1]           # includes the token that ended it
-    # ignore_eos: no stop token of any kind ends the request, stop_token_ids included (DESIGN.md)
+    # ignore_eos: no stop token of any kind ends the request, stop_token_ids included (docs/design.md)
     ignored = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop],
                                                             ignore_eos=True), use_tqdm=False)[0]
     assert ignored.token_ids == expected and ignored.finish_reason == "length"

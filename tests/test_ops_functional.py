@@ -1,4 +1,4 @@
-"""ms_atb.ops.reshape_and_cache / paged_attention: DESIGN.md's functional signatures, checked arguments."""
+"""ms_atb.ops.reshape_and_cache / paged_attention: the functional signatures of docs/design.md, checked arguments."""
 import numpy as np
 import pytest
 from mindspore import Tensor
