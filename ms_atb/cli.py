@@ -144,7 +144,8 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
         if flags:
             raise ValueError(f"--beam-width takes only --max-tokens and --ignore-eos of the sampling flags, "
                              f"got {['--' + f.replace('_', '-') for f in flags]}")
-    llm = LLM.prepare(args.config, **overrides)    # tokenizer and limits: prompts are checked before the build
+    # tokenizer and limits: prompts are checked before the build; scheduler.policy "auto" means "prefix" here
+    llm = LLM.prepare(args.config, default_policy="prefix", **overrides)
     if llm.rank == 0 and world_size_from_env() is not None:
         held.enter_context(OutputLock(args.output))
     skip = done_ids(args.output) if args.resume else set()

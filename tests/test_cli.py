@@ -301,3 +301,29 @@ def test_interrupt_and_write_failure_keep_what_was_written(tmp_path, capsys, mon
     if os.path.exists("/dev/full"):                  # every write fails with ENOSPC
         assert main(args + ["--output", "/dev/full", "--overwrite"]) == 2
         assert "No space left on device); the results written before are kept" in capsys.readouterr().err
+
+
+def test_batch_job_orders_by_prefix_and_computes_duplicates_once(tmp_path, cli_on_tiny_engine, tiny_llm, monkeypatch):
+    # scheduler.policy "auto" is "prefix" in the batch job: exact greedy duplicates are computed once and
+    # every id still gets its result, equal to the engine's own fcfs answer
+    from ms_atb import SamplingParams
+    from ms_atb.llm import LLM
+    engines = []
+    real_prepare = LLM.prepare.__func__
+
+    def spy(cls, *args, **kwargs):
+        engines.append(real_prepare(cls, *args, **kwargs))
+        return engines[-1]
+    monkeypatch.setattr(LLM, "prepare", classmethod(spy))
+    prompt = list(range(1, 40))
+    inp = tmp_path / "p.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "prompt": prompt, "max_tokens": 6}) + "\n" for i in range(3)))
+    out = tmp_path / "o.jsonl"
+    assert main(["--config", TINY, "--input", str(inp), "--output", str(out), "--no-progress", *TINY_CLI_SET]) == 0
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2]
+    (llm,) = engines
+    assert llm.policy == "prefix" and llm.stats()["num_deduplicated"] == 2
+    expected = tiny_llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0), use_tqdm=False)[0]
+    assert tiny_llm.policy == "fcfs"
+    assert all(r["token_ids"] == expected.token_ids for r in rows.values())
