@@ -62,6 +62,7 @@ class ContextSection:
     mode: str = "graph"
     seed: int = 0
     compile_cache: Union[str, None] = None    # a directory keeping compiled graphs between runs; None: off
+    precompile: bool = True   # compile every token bucket's graph at build; false: each on first use (no cache)
 
 
 @dataclass

@@ -119,7 +119,9 @@ class LLM:
         t0 = time.perf_counter()
         with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
             runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config)
-            stats = runner.warmup(cfg.context.compile_cache)
+            # the compile cache keeps graphs in compile order, so with a cache every bucket compiles up front
+            lazy = not cfg.context.precompile and cfg.context.compile_cache is None
+            stats = {"graph_cache": "off"} if lazy else runner.warmup(cfg.context.compile_cache)
         self.runner = runner
         if stats["graph_cache"] != "off":
             where = {"skipped": " (an earlier engine of this process uses it)",

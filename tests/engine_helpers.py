@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 TINY_MODEL = "random:tiny-llama?seed=0"       # the model of configs/tiny_llama.yaml
 # The shared tiny engine (conftest.tiny_engine): small step caps keep its compiled graphs few.
-TINY_BUILD = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "num_blocks": 96}
+TINY_BUILD = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "num_blocks": 96, "precompile": False}
 # The same caps as ms-atb-generate flags: a CLI run with them reuses the shared engine's graphs.
 TINY_CLI_SET = [arg for key, value in TINY_BUILD.items() for arg in ("--set", f"{key}={value}")]
 # What reset_scheduler() may change without recompiling.
