@@ -144,8 +144,8 @@ def run_soak(llm, work, ref, round_size: int, small_blocks: int, seed: int, log=
         gc.collect()
         rss.append(rss_mib())
         if log and figures["rounds"] % 10 == 0:
-            log(f"  round {figures['rounds']}: {figures['requests']} requests, "
-                f"{llm.scheduler.num_preemptions} preemptions, RSS {rss[-1]:.1f} MiB, "
+            log(f"  round {figures['rounds']}: {figures['requests']} requests, {figures['mismatches']} mismatches, "
+                f"{len(failures)} failures, {llm.scheduler.num_preemptions} preemptions, RSS {rss[-1]:.1f} MiB, "
                 f"{time.perf_counter() - t0:.0f} s")
     s = llm.stats()
     warm = rss[min(WARMUP_ROUNDS, len(rss)) - 1]
