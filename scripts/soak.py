@@ -164,11 +164,6 @@ def run_soak(llm, work, ref, round_size: int, small_blocks: int, seed: int, log=
     return figures
 
 
-def build_engine():
-    from ms_atb import LLM
-    return LLM(CONFIG, **ENGINE)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20000)
@@ -188,8 +183,9 @@ def main() -> int:
         args.requests, args.round_size = 300, 50
 
     import mindspore
+    from ms_atb import LLM
     t0 = time.perf_counter()
-    llm = build_engine()
+    llm = LLM(CONFIG, **ENGINE)
     work = make_workload(args.requests, args.seed, ENGINE["max_model_len"])
     print(f"workload: {args.requests} requests, seed {args.seed}, rounds of {args.round_size}; engine {ENGINE}, "
           f"soak pool {args.small_blocks} blocks of {BLOCK_SIZE}; built in {llm.build_seconds:.1f} s", flush=True)
