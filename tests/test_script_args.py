@@ -27,6 +27,9 @@ CASES = [
     ("research/placement_variants.py", ["--steps", "1"], "--steps must be >= 4"),
     ("research/placement_lookahead.py", ["--seeds", "abc"], "--seeds takes a seed or a range LO-HI"),
     ("research/placement_lookahead.py", ["--horizon", "-3"], "--horizon must be >= 1"),
+    ("soak.py", ["--requests", "0"], "--requests must be >= 1, got 0"),
+    ("soak.py", ["--small-blocks", "8"], "--small-blocks must be >= 16 (one request of max_model_len 256)"),
+    ("soak.py", ["--small-blocks", "300"], "--small-blocks must be <= 256"),
 ]
 
 
