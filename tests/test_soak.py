@@ -6,8 +6,8 @@ from scripts_import import load_script
 
 soak = load_script("soak")
 
-# Smaller step caps than the script's engine, graphs compiled on first use: fewer graphs to compile. The roomy pool holds max_num_seqs
-# requests of max_model_len tokens.
+# Smaller step caps than the script's engine, graphs compiled on first use: fewer graphs to compile.
+# The roomy pool holds max_num_seqs requests of max_model_len tokens.
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, num_blocks=32, precompile=False)
 SMALL_BLOCKS = 12
 
