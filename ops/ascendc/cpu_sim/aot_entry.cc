@@ -6,7 +6,9 @@
 #include <cstring>
 #include <vector>
 
+#include "ms_atb_paged_attention_tiling.h"
 #include "ms_atb_plan.h"
+#include "ms_atb_reshape_and_cache_tiling.h"
 #include "sim_runner.h"
 
 extern "C" void ms_atb_paged_attention(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
@@ -85,9 +87,11 @@ extern "C" int MsAtbPagedAttention(int nparam, void **params, int *ndims, int64_
   }
   const ms_atb_plan::HardwareFigures hw = ms_atb_plan::AssumedAtlas800IA2();
   const ms_atb_plan::PagedAttentionShape shape{T, shapes[0][1], shapes[1][2], shapes[0][2], BS, NB, B, MAXB, 2};
-  optiling::MsAtbPagedAttentionTilingData td;
   const char *why;
-  if (ms_atb_plan::PlanPagedAttention(shape, hw, td, &why) == 0) return Fail(op, std::string("no tiling: ") + why);
+  const ms_atb_plan::PagedAttentionPlan plan = ms_atb_plan::PlanPagedAttention(shape, hw, &why);
+  if (plan.ub_bytes == 0) return Fail(op, std::string("no tiling: ") + why);
+  optiling::MsAtbPagedAttentionTilingData td;
+  ms_atb_plan::StorePagedAttention(shape, plan, td);
   std::vector<AscendC::GmTensor> gm;
   for (int i = 0; i < 8; ++i)
     gm.push_back({params[i], Elements(shapes[i], ndims[i]) * (i < 3 || i == 7 ? 2 : 4)});
@@ -120,10 +124,12 @@ extern "C" int MsAtbReshapeAndCache(int nparam, void **params, int *ndims, int64
   for (int64_t t = 0; t < ks[0]; ++t)
     if (slots[t] >= cs[0] * cs[1]) return Fail(op, "slot_mapping entry out of range");
   const ms_atb_plan::HardwareFigures hw = ms_atb_plan::AssumedAtlas800IA2();
-  optiling::MsAtbReshapeAndCacheTilingData td;
+  const ms_atb_plan::ReshapeAndCacheShape shape{ks[0], ks[1], ks[2], cs[0], cs[1], 2};
   const char *why;
-  if (ms_atb_plan::PlanReshapeAndCache({ks[0], ks[1], ks[2], cs[0], cs[1], 2}, hw, td, &why) == 0)
-    return Fail(op, std::string("no tiling: ") + why);
+  const ms_atb_plan::ReshapeAndCachePlan plan = ms_atb_plan::PlanReshapeAndCache(shape, hw, &why);
+  if (plan.ub_bytes == 0) return Fail(op, std::string("no tiling: ") + why);
+  optiling::MsAtbReshapeAndCacheTilingData td;
+  ms_atb_plan::StoreReshapeAndCache(shape, plan, td);
   std::vector<AscendC::GmTensor> gm;
   for (int i = 0; i < 6; ++i) gm.push_back({params[i], Elements(shapes[i], ndims[i]) * (i < 4 ? 2 : 4)});
   auto p = reinterpret_cast<GM_ADDR *>(params);
@@ -133,24 +139,25 @@ extern "C" int MsAtbReshapeAndCache(int nparam, void **params, int *ndims, int64
 }
 
 // Tiling plans. shape: T, H, KVH, D, BS, NB, B, MAXB, element bytes (paged attention) or
-// T, KVH, D, NB, BS, element bytes (reshape_and_cache). out: see ms_atb.ops.ascendc_plan.
+// T, KVH, D, NB, BS, element bytes (reshape_and_cache). out: the fields of ms_atb/ops/ascendc_build.py's
+// PAGED_ATTENTION_PLAN / RESHAPE_AND_CACHE_PLAN, in that order. Returns 1 (and *why) when no tiling fits.
 extern "C" int MsAtbPlanPagedAttention(const int64_t *s, int64_t *out, const char **why) {
   const ms_atb_plan::HardwareFigures hw = ms_atb_plan::AssumedAtlas800IA2();
-  optiling::MsAtbPagedAttentionTilingData t;
-  const uint64_t ub = ms_atb_plan::PlanPagedAttention({s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]}, hw, t, why);
-  const int64_t values[] = {t.block_dim, static_cast<int64_t>(ub), t.q_tile, t.head_tile, t.span, t.q_bytes,
-                            t.kv_bytes, t.out_bytes, t.rows_f32_bytes, t.kv_f32_bytes, t.scores_bytes, t.stats_bytes,
-                            t.work_bytes, hw.vector_cores, static_cast<int64_t>(hw.ub_bytes)};
+  const ms_atb_plan::PagedAttentionPlan p =
+      ms_atb_plan::PlanPagedAttention({s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]}, hw, why);
+  const int64_t values[] = {p.block_dim, static_cast<int64_t>(p.ub_bytes), p.q_tile, p.head_tile, p.span, p.q_bytes,
+                            p.kv_bytes, p.out_bytes, p.rows_f32_bytes, p.kv_f32_bytes, p.scores_bytes, p.stats_bytes,
+                            p.work_bytes, hw.vector_cores, static_cast<int64_t>(hw.ub_bytes)};
   std::memcpy(out, values, sizeof(values));
-  return ub == 0 ? 1 : 0;
+  return p.ub_bytes == 0 ? 1 : 0;
 }
 
 extern "C" int MsAtbPlanReshapeAndCache(const int64_t *s, int64_t *out, const char **why) {
   const ms_atb_plan::HardwareFigures hw = ms_atb_plan::AssumedAtlas800IA2();
-  optiling::MsAtbReshapeAndCacheTilingData t;
-  const uint64_t ub = ms_atb_plan::PlanReshapeAndCache({s[0], s[1], s[2], s[3], s[4], s[5]}, hw, t, why);
-  const int64_t values[] = {t.block_dim, static_cast<int64_t>(ub), t.chunk_elems, t.chunk_bytes, hw.vector_cores,
-                            static_cast<int64_t>(hw.ub_bytes)};
+  const ms_atb_plan::ReshapeAndCachePlan p =
+      ms_atb_plan::PlanReshapeAndCache({s[0], s[1], s[2], s[3], s[4], s[5]}, hw, why);
+  const int64_t values[] = {p.block_dim, static_cast<int64_t>(p.ub_bytes), p.chunk_elems, p.chunk_bytes,
+                            hw.vector_cores, static_cast<int64_t>(hw.ub_bytes)};
   std::memcpy(out, values, sizeof(values));
-  return ub == 0 ? 1 : 0;
+  return p.ub_bytes == 0 ? 1 : 0;
 }
