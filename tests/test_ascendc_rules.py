@@ -50,7 +50,8 @@ void Kernel(GM_ADDR in, GM_ADDR out) {
 extern "C" int Run(int variant, void *in, void *out) {
   std::vector<GmTensor> gm{{in, 128}, {out, 64}};
   auto launch = [&] {
-    GM_ADDR i = static_cast<GM_ADDR>(in), o = static_cast<GM_ADDR>(out);
+    uint8_t *i = static_cast<uint8_t *>(in);
+    uint8_t *o = static_cast<uint8_t *>(out);
     switch (variant) {
       case kCorrect: Kernel<kCorrect>(i, o); break;
       case kMisalignedCopy: Kernel<kMisalignedCopy>(i, o); break;

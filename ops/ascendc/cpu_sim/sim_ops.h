@@ -141,8 +141,14 @@ void ReduceMax(const LocalTensor<T> &dst, const LocalTensor<T> &src, const Local
   Require(count > 0, "local bounds", "ReduceMax of no elements");
   const T *a = detail::Operand(src, count, "ReduceMax");
   detail::Operand(work, 1, "ReduceMax");
-  T m = a[0];
-  for (int32_t i = 1; i < count; ++i) m = std::max(m, a[i]);
+  T lanes[8];
+  for (int j = 0; j < 8; ++j) lanes[j] = a[0];
+  int32_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] = lanes[j] > a[i + j] ? lanes[j] : a[i + j];
+  for (; i < count; ++i) lanes[0] = lanes[0] > a[i] ? lanes[0] : a[i];
+  T m = lanes[0];
+  for (int j = 1; j < 8; ++j) m = m > lanes[j] ? m : lanes[j];
   detail::Operand(dst, 1, "ReduceMax")[0] = m;
 }
 template <typename T>
@@ -150,9 +156,13 @@ void ReduceSum(const LocalTensor<T> &dst, const LocalTensor<T> &src, const Local
   Require(count > 0, "local bounds", "ReduceSum of no elements");
   const T *a = detail::Operand(src, count, "ReduceSum");
   detail::Operand(work, 1, "ReduceSum");
-  T s = 0;
-  for (int32_t i = 0; i < count; ++i) s += a[i];
-  detail::Operand(dst, 1, "ReduceSum")[0] = s;
+  T lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums, added pairwise at the end, as a tree reduction does
+  int32_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += a[i + j];
+  for (; i < count; ++i) lanes[i % 8] += a[i];
+  detail::Operand(dst, 1, "ReduceSum")[0] =
+      ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
 }
 
 // Widening casts are exact (CAST_NONE); narrowing casts to 16-bit floats round to nearest even (CAST_RINT).

@@ -66,10 +66,16 @@ struct BufferSlot {
   const void *owner = nullptr;
 };
 
+// A view of a buffer. It holds the buffer's generation at allocation: once FreeTensor gives the buffer
+// back (the generation moves on), every use of the view is caught. Buffers outlive their views (the
+// queues and TBufs own them for the whole kernel), so a view keeps a plain pointer.
 template <typename T>
 class LocalTensor {
  public:
   LocalTensor() = default;
+  LocalTensor(BufferSlot *slot, uint64_t generation, uint32_t offset, uint32_t size)
+      : slot_(slot), generation_(generation), offset_(offset), size_(size) {}
+
   LocalTensor operator[](uint32_t offset) const {
     Check(offset, 0);
     return LocalTensor(slot_, generation_, offset_ + offset, size_ - offset);
@@ -90,22 +96,21 @@ class LocalTensor {
   }
   uint64_t Generation() const { return generation_; }
   uint64_t Address() const { return slot_->address + static_cast<uint64_t>(offset_) * sizeof(T); }
-  const std::shared_ptr<BufferSlot> &Slot() const { return slot_; }
-  LocalTensor(std::shared_ptr<BufferSlot> slot, uint64_t generation, uint32_t offset, uint32_t size)
-      : slot_(std::move(slot)), generation_(generation), offset_(offset), size_(size) {}
+  BufferSlot *Slot() const { return slot_; }
 
  private:
   void Check(uint32_t i, uint32_t count) const {
+    if (slot_ != nullptr && slot_->generation == generation_ && slot_->state != BufferSlot::kFree &&
+        slot_->state != BufferSlot::kQueued && static_cast<uint64_t>(i) + count <= size_)
+      return;
     Require(slot_ != nullptr, "use after FreeTensor", "a LocalTensor that was never allocated");
     Require(slot_->generation == generation_ && slot_->state != BufferSlot::kFree, "use after FreeTensor",
             "a LocalTensor used after FreeTensor gave its buffer back");
-    Require(slot_->state != BufferSlot::kQueued, "queue discipline",
-            "a LocalTensor used between EnQue and DeQue");
-    Require(static_cast<uint64_t>(i) + count <= size_, "local bounds",
-            "elements [" + std::to_string(i) + ", " + std::to_string(i + count) + ") of a local tensor of " +
-                std::to_string(size_));
+    Require(slot_->state != BufferSlot::kQueued, "queue discipline", "a LocalTensor used between EnQue and DeQue");
+    throw RuleViolation("local bounds", "elements [" + std::to_string(i) + ", " + std::to_string(i + count) +
+                                            ") of a local tensor of " + std::to_string(size_));
   }
-  std::shared_ptr<BufferSlot> slot_;
+  BufferSlot *slot_ = nullptr;
   uint64_t generation_ = 0;
   uint32_t offset_ = 0, size_ = 0;
 };
@@ -137,7 +142,7 @@ class TQueBase {
     for (auto &s : slots_)
       if (s->state == BufferSlot::kFree) {
         s->state = BufferSlot::kAllocated;
-        return LocalTensor<T>(s, s->generation, 0, s->bytes / sizeof(T));
+        return LocalTensor<T>(s.get(), s->generation, 0, s->bytes / sizeof(T));
       }
     throw RuleViolation("queue discipline", "AllocTensor with all " + std::to_string(slots_.size()) +
                                                 " buffers of the queue in use (a tensor was not freed)");
@@ -156,7 +161,7 @@ class TQueBase {
     auto s = fifo_.front();
     fifo_.pop_front();
     s->state = BufferSlot::kDequeued;
-    return LocalTensor<T>(s, s->generation, 0, s->bytes / sizeof(T));
+    return LocalTensor<T>(s.get(), s->generation, 0, s->bytes / sizeof(T));
   }
   template <typename T>
   void FreeTensor(const LocalTensor<T> &t) {
@@ -173,7 +178,7 @@ class TQueBase {
   template <typename T>
   std::shared_ptr<BufferSlot> &Own(const LocalTensor<T> &t, const char *what) {
     for (auto &s : slots_)
-      if (s == t.Slot()) {
+      if (s.get() == t.Slot()) {
         Require(s->generation == t.Generation(), "use after FreeTensor",
                 std::string(what) + " of a tensor whose buffer was freed");
         return s;
@@ -203,11 +208,11 @@ template <TPosition pos>
 class TBuf {
  public:
   template <typename T>
-  LocalTensor<T> Get() const { return LocalTensor<T>(slot_, slot_->generation, 0, slot_->bytes / sizeof(T)); }
+  LocalTensor<T> Get() const { return LocalTensor<T>(slot_.get(), slot_->generation, 0, slot_->bytes / sizeof(T)); }
   template <typename T>
   LocalTensor<T> Get(uint32_t count) const {
     Require(count * sizeof(T) <= slot_->bytes, "local bounds", "TBuf::Get beyond the buffer");
-    return LocalTensor<T>(slot_, slot_->generation, 0, count);
+    return LocalTensor<T>(slot_.get(), slot_->generation, 0, count);
   }
   void SetSlot(std::shared_ptr<BufferSlot> s) { slot_ = std::move(s); }
 
