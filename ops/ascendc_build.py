@@ -19,8 +19,7 @@ KERNEL_DIR = ASCENDC_DIR / "op_kernel"
 SOURCES = (SIM_DIR / "aot_entry.cc", SIM_DIR / "sim_runner.cc", KERNEL_DIR / "ms_atb_paged_attention.cpp",
            KERNEL_DIR / "ms_atb_reshape_and_cache.cpp")
 # The kernels read their tiling structs as CANN generates them for op_kernel: from the op_host headers.
-INCLUDE_FLAGS = ("-I", str(SIM_DIR), "-I", str(HOST_DIR), "-include", "ms_atb_paged_attention_tiling.h",
-                 "-include", "ms_atb_reshape_and_cache_tiling.h")
+INCLUDE_FLAGS = ("-I", str(SIM_DIR), "-I", str(HOST_DIR), "-include", "kernel_tiling.h")
 
 # Fields of the plans, in the order MsAtbPlanPagedAttention / MsAtbPlanReshapeAndCache write them.
 PAGED_ATTENTION_PLAN = ("block_dim", "ub_bytes", "q_tile", "head_tile", "span", "q_bytes", "kv_bytes", "out_bytes",

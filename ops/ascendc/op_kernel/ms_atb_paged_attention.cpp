@@ -19,7 +19,7 @@ class PagedAttentionKernel {
  public:
   __aicore__ inline void Init(GM_ADDR query, GM_ADDR key_cache, GM_ADDR value_cache, GM_ADDR block_tables,
                               GM_ADDR context_lens, GM_ADDR query_start_loc, GM_ADDR scale, GM_ADDR out,
-                              const optiling::MsAtbPagedAttentionTilingData &td) {
+                              const MsAtbPagedAttentionTilingData &td) {
     t_ = td;
     const uint64_t rows = uint64_t{td.num_tokens} * td.num_heads * td.head_dim;
     const uint64_t cache = uint64_t{td.num_blocks} * td.block_size * td.num_kv_heads * td.head_dim;
@@ -180,7 +180,7 @@ class PagedAttentionKernel {
     for (uint32_t e = 0; e < n; e += chunk) {
       const uint32_t len = n - e < chunk ? n - e : chunk;
       LocalTensor<T> o = out_q_.AllocTensor<T>();
-      Duplicate(o, T(0.0f), len);
+      Duplicate(o.template ReinterpretCast<int16_t>(), int16_t(0), len);  // +0.0 in float16 and bfloat16
       out_q_.EnQue(o);
       o = out_q_.DeQue<T>();
       DataCopy(out_[uint64_t{row} * n + e], o, len);
@@ -188,7 +188,7 @@ class PagedAttentionKernel {
     }
   }
 
-  optiling::MsAtbPagedAttentionTilingData t_;
+  MsAtbPagedAttentionTilingData t_;
   TPipe pipe_;
   TQue<QuePosition::VECIN, 1> q_in_;
   TQue<QuePosition::VECIN, 2> k_in_, v_in_;
@@ -207,7 +207,7 @@ extern "C" __global__ __aicore__ void ms_atb_paged_attention(GM_ADDR query, GM_A
                                                              GM_ADDR block_tables, GM_ADDR context_lens,
                                                              GM_ADDR query_start_loc, GM_ADDR scale, GM_ADDR out,
                                                              GM_ADDR workspace, GM_ADDR tiling) {
-  GET_TILING_DATA_WITH_STRUCT(optiling::MsAtbPagedAttentionTilingData, td, tiling);
+  GET_TILING_DATA_WITH_STRUCT(MsAtbPagedAttentionTilingData, td, tiling);
   if (TILING_KEY_IS(0)) {
     PagedAttentionKernel<half> op;
     op.Init(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale, out, td);

@@ -12,7 +12,7 @@ template <typename T>
 class ReshapeAndCacheKernel {
  public:
   __aicore__ inline void Init(GM_ADDR key, GM_ADDR value, GM_ADDR key_cache, GM_ADDR value_cache, GM_ADDR slot_mapping,
-                              GM_ADDR done, const optiling::MsAtbReshapeAndCacheTilingData &td) {
+                              GM_ADDR done, const MsAtbReshapeAndCacheTilingData &td) {
     t_ = td;
     const uint64_t rows = uint64_t{td.num_tokens} * td.row_elems, cache = uint64_t{td.num_slots} * td.row_elems;
     key_.SetGlobalBuffer((__gm__ T *)key, rows);                   // [T, KVH, D]
@@ -49,7 +49,7 @@ class ReshapeAndCacheKernel {
     stage_.FreeTensor(buf);
   }
 
-  optiling::MsAtbReshapeAndCacheTilingData t_;
+  MsAtbReshapeAndCacheTilingData t_;
   TPipe pipe_;
   TQueBind<TPosition::VECIN, TPosition::VECOUT, 2> stage_;
   GlobalTensor<T> key_, value_, key_cache_, value_cache_;
@@ -62,7 +62,7 @@ class ReshapeAndCacheKernel {
 extern "C" __global__ __aicore__ void ms_atb_reshape_and_cache(GM_ADDR key, GM_ADDR value, GM_ADDR key_cache,
                                                                GM_ADDR value_cache, GM_ADDR slot_mapping, GM_ADDR done,
                                                                GM_ADDR workspace, GM_ADDR tiling) {
-  GET_TILING_DATA_WITH_STRUCT(optiling::MsAtbReshapeAndCacheTilingData, td, tiling);
+  GET_TILING_DATA_WITH_STRUCT(MsAtbReshapeAndCacheTilingData, td, tiling);
   if (TILING_KEY_IS(0)) {
     ReshapeAndCacheKernel<half> op;
     op.Init(key, value, key_cache, value_cache, slot_mapping, done, td);
