@@ -132,7 +132,9 @@ class RMSNorm(nn.Cell):
 
 
 class LlamaAttention(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank):
+    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py)."""
+
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None):
         super().__init__()
         d = config.head_dim
         self.num_heads = num_heads_per_rank(config, tp_size)
@@ -143,8 +145,9 @@ class LlamaAttention(nn.Cell):
                                              tp_size, tp_rank, dtype, device)
         self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device)
         self.rope = RotaryEmbedding(self.num_heads + self.num_kv_heads, d, dtype, device)
-        self.reshape_and_cache = ReshapeAndCache(device=device)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device)
+        self.reshape_and_cache = ReshapeAndCache(device=device, backend=attention_backend)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device,
+                                   backend=attention_backend)
 
     def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc, rows):
@@ -175,10 +178,10 @@ class LlamaMLP(nn.Cell):
 
 
 class LlamaDecoderLayer(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank)
+        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank)
 
@@ -191,10 +194,11 @@ class LlamaDecoderLayer(nn.Cell):
 
 class LlamaForCausalLM(nn.Cell):
     """construct(input_ids [T], positions [T], slot_mapping [T], block_tables [B, MAXB], context_lens [B],
-    query_start_loc [B+1]) -> logits [B, vocab] of each sequence's last scheduled token."""
+    query_start_loc [B+1]) -> logits [B, vocab] of each sequence's last scheduled token.
+    attention_backend: the KV-cache ops' backend for the device (ms_atb/ops/backends.py); None: its default."""
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
-                 device: str = "cpu", tp_size: int = 1, tp_rank: int = 0):
+                 device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None):
         super().__init__()
         assert config.num_attention_heads % tp_size == 0, "the engine checks tensor_parallel_size (validate_tp)"
         self.config, self.dtype = config, dtype
@@ -202,7 +206,7 @@ class LlamaForCausalLM(nn.Cell):
         h, v = config.hidden_size, config.vocab_size
         self.embed_tokens = ms.Parameter(initializer("zeros", (v, h), dtype),
                                          name="embed_tokens")  # [V, hidden]
-        self.layers = nn.CellList([LlamaDecoderLayer(config, dtype, device, tp_size, tp_rank)
+        self.layers = nn.CellList([LlamaDecoderLayer(config, dtype, device, tp_size, tp_rank, attention_backend)
                                    for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
         # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.

@@ -19,7 +19,11 @@ from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import ALLOCATIONS
 from ms_atb.sampling_params import SamplingParams
 
-DEVICES = ("cpu", "npu")
+DEVICES = ("cpu", "npu", "npu:N")          # npu: the device msrun or DEVICE_ID assigns; npu:N: device id N
+# The attention backends each device allows ("auto" first: cpu on the CPU, ms_atb on npu); the ops'
+# own table is ms_atb/ops/backends.py (config stays free of MindSpore imports; a test keeps them equal).
+DEVICE_BACKENDS = {"cpu": ("auto", "cpu", "ascendc"), "npu": ("auto", "ms_atb", "mindspore")}
+ATTENTION_BACKENDS = ("auto", "ms_atb", "mindspore", "cpu", "ascendc")
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
@@ -41,6 +45,7 @@ class KVCacheSection:
     memory_budget: Union[int, str] = "1GiB"
     enable_prefix_caching: bool = True
     allocation: str = "contiguous"
+    attention_backend: str = "auto"         # see ATTENTION_BACKENDS
 
 
 @dataclass
@@ -147,10 +152,17 @@ class EngineConfig:
             raise ValueError("model.path is required (a YAML file, HF directory, .gguf file, "
                              "pkg:<package>/<file> or random:<preset>)")
         _choice("model.dtype", m.dtype, DTYPES)
-        _choice("context.device", self.context.device, DEVICES)
+        kind, _ = parse_device(self.context.device)
         _choice("context.mode", self.context.mode, ("graph",))
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
         _choice("scheduler.policy", sc.policy, ("auto",) + POLICIES)
+        _choice("kv_cache.attention_backend", kv.attention_backend, ATTENTION_BACKENDS)
+        if kv.attention_backend not in DEVICE_BACKENDS[kind]:
+            raise ValueError(f"kv_cache.attention_backend {kv.attention_backend!r} does not run on context.device "
+                             f"{self.context.device!r}; allowed there: {list(DEVICE_BACKENDS[kind])}")
+        if kv.attention_backend == "ascendc" and m.dtype == "float32":
+            raise ValueError("kv_cache.attention_backend 'ascendc' runs float16 and bfloat16 caches: set model.dtype "
+                             "float16, or use attention_backend 'cpu' for float32")
         if self.context.device == "cpu" and m.dtype == "bfloat16":
             raise ValueError("model.dtype bfloat16 does not run on the CPU; use float32 (or float16)")
         if m.max_model_len is not None and m.max_model_len < 1:
@@ -206,6 +218,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def config_keys() -> dict[str, str]:
     """Every leaf key -> its section."""
     return dict(_LEAVES)
+
+
+def parse_device(device: str) -> tuple[str, Union[int, None]]:
+    """"cpu" -> ("cpu", None); "npu" -> ("npu", None); "npu:N" -> ("npu", N). ValueError otherwise."""
+    if device in ("cpu", "npu"):
+        return device, None
+    match = re.fullmatch(r"npu:([0-9]+)", device) if isinstance(device, str) else None
+    if match is None:
+        raise ValueError(f"context.device must be one of {list(DEVICES)} (N a device id >= 0), got {device!r}")
+    return "npu", int(match.group(1))
 
 
 def _choice(name: str, value: str, allowed: tuple) -> None:

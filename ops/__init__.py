@@ -2,8 +2,9 @@
 
 `reshape_and_cache` and `paged_attention` are the functional forms of docs/design.md (argument checks, then a Cell).
 `ReshapeAndCache`, `PagedAttention`, `PackedMatMul` and the elementwise ops are Cells usable inside graph-mode Cells, on the CPU
-through C++ aot kernels (compiled on first use, see build.py) and on Ascend through
-MindSpore's built-in ops (unverified; PackedMatMul and the elementwise kernels are CPU-only: on Ascend
+through C++ aot kernels (compiled on first use, see build.py) or our AscendC kernels run by a CPU
+implementation of the Ascend C API subset (ascendc_build.py), and on Ascend through our AscendC custom
+ops or MindSpore's built-in ops (backends.py; unverified; PackedMatMul and the elementwise kernels are CPU-only: on Ascend
 the model uses MindSpore's MatMul and the same formulas in MindSpore ops).
 """
 from ms_atb.ops.elementwise import RmsNorm, RotaryEmbedding, SwiGlu
@@ -12,7 +13,7 @@ from ms_atb.ops.paged_attention import PagedAttention
 from ms_atb.ops.reshape_and_cache import ReshapeAndCache
 # The functional forms of docs/design.md. They take the names of their submodules as package attributes:
 # `from ms_atb.ops.paged_attention import PagedAttention` still reads the submodule.
-from ms_atb.ops.functional import paged_attention, reshape_and_cache  # noqa: E402
+from ms_atb.ops.functional import ascendc_tiling, paged_attention, reshape_and_cache  # noqa: E402
 
-__all__ = ["PackedMatMul", "PagedAttention", "ReshapeAndCache", "RmsNorm", "RotaryEmbedding", "SwiGlu",
+__all__ = ["PackedMatMul", "ascendc_tiling", "PagedAttention", "ReshapeAndCache", "RmsNorm", "RotaryEmbedding", "SwiGlu",
            "pack_weight", "packed_shape", "paged_attention", "reshape_and_cache", "unpack_weight"]

@@ -1,7 +1,11 @@
 """The functional forms of the two KV-cache ops (docs/design.md), for eager callers (scripts, tests, notebooks).
 
-    reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)             # in place
-    paged_attention(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale)
+    reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, backend=None)             # in place
+    paged_attention(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale, backend=None)
+    ascendc_tiling(op, **shape)       # the op_host tiling of the AscendC kernels for a shape
+
+backend: None (the device's default), or one of ops/backends.py's for the device ("cpu" or "ascendc" on
+the CPU, "ms_atb" or "mindspore" on Ascend).
 
 The model's graphs use the Cells (ReshapeAndCache, PagedAttention) directly. These wrappers check every
 argument on the host first, so a bad call is a ValueError naming the argument instead of a kernel error
@@ -15,27 +19,33 @@ import math
 import mindspore as ms
 import numpy as np
 
+from ms_atb.ops.backends import resolve_backend
 from ms_atb.ops.paged_attention import PagedAttention
 from ms_atb.ops.reshape_and_cache import ReshapeAndCache
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, backend=None):
     """key, value [T, KVH, D]; key_cache, value_cache [NB, BS, KVH, D] (whole tensors: written in place);
     slot_mapping [T] int32, slot = block_id * BS + offset, negative = skip. Returns the op's done flag."""
+    backend = resolve_backend(_device(), backend)
     t, kvh, d = _shape("key", key, 3)
+    _ascendc_operand(backend, "key", key, d)
     _same("value", value, "key", key)
     nb, bs = _cache_shape(key_cache, value_cache, kvh, d, key)
     slots = _ints("slot_mapping", slot_mapping, (t,))
     if slots.size and slots.max() >= nb * bs:
         raise ValueError(f"slot_mapping holds {slots.max()}, past the cache's {nb * bs} slots (NB {nb} x BS {bs})")
-    return _reshape_and_cache_cell(_device())(key, value, key_cache, value_cache, slot_mapping)
+    return _reshape_and_cache_cell(_device(), backend)(key, value, key_cache, value_cache, slot_mapping)
 
 
-def paged_attention(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale):
+def paged_attention(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale,
+                    backend=None):
     """query [T, H, D] -> [T, H, D]; sequence b owns query rows query_start_loc[b]:query_start_loc[b+1],
     the last tokens of its context_lens[b] tokens; causal; GQA when H > KVH. Rows owned by no sequence
     come out zero."""
+    backend = resolve_backend(_device(), backend)
     t, h, d = _shape("query", query, 3)
+    _ascendc_operand(backend, "query", query, d)
     kvh = _shape("key_cache", key_cache, 4)[2]
     if h % kvh:
         raise ValueError(f"query's {h} heads must be a multiple of the caches' {kvh} KV heads")
@@ -59,22 +69,75 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, q
                              f", outside the cache's {nb} blocks")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
-    cell = _paged_attention_cell(h, kvh, d, float(scale), _device())
+    cell = _paged_attention_cell(h, kvh, d, float(scale), _device(), backend)
     return cell(query, key_cache, value_cache, block_tables, context_lens, query_start_loc)
 
 
+_TILING_KEYWORDS = {
+    "paged_attention": ("num_tokens", "num_heads", "num_kv_heads", "head_dim", "block_size", "num_seqs",
+                        "max_context", "dtype"),
+    "reshape_and_cache": ("num_tokens", "num_kv_heads", "head_dim", "dtype"),
+}
+
+
+def ascendc_tiling(op: str, **shape) -> dict:
+    """The plan op_host's tiling computes for the AscendC kernel of op ("paged_attention" or
+    "reshape_and_cache") on a call of this shape, for the assumed Atlas 800I A2 figures (the compiled C++
+    of ops/ascendc/op_host/ms_atb_plan.h). Keywords, all required: paged_attention: num_tokens, num_heads,
+    num_kv_heads, head_dim, block_size, num_seqs, max_context, dtype ("float16" or "bfloat16");
+    reshape_and_cache: num_tokens, num_kv_heads, head_dim, dtype. Returns a dict with block_dim (cores
+    used), ub_bytes (unified-buffer bytes one core asks for), ub_capacity, vector_cores and the tile sizes
+    and buffers of the op."""
+    from ms_atb.ops import ascendc_build
+    if op not in _TILING_KEYWORDS:
+        raise ValueError(f"op must be one of {list(_TILING_KEYWORDS)}, got {op!r}")
+    names = _TILING_KEYWORDS[op]
+    if set(shape) != set(names):
+        raise ValueError(f"ascendc_tiling({op!r}) takes the keywords {list(names)}; missing "
+                         f"{sorted(set(names) - set(shape))}, unknown {sorted(set(shape) - set(names))}")
+    if shape["dtype"] not in ("float16", "bfloat16"):
+        raise ValueError(f"dtype must be 'float16' or 'bfloat16', got {shape['dtype']!r}")
+    for name in names[:-1]:
+        value = shape[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    s = shape
+    if op == "paged_attention":
+        if s["num_heads"] % s["num_kv_heads"]:
+            raise ValueError(f"num_heads {s['num_heads']} must be a multiple of num_kv_heads {s['num_kv_heads']}")
+        max_blocks = -(-s["max_context"] // s["block_size"])
+        args = (s["num_tokens"], s["num_heads"], s["num_kv_heads"], s["head_dim"], s["block_size"], max_blocks,
+                s["num_seqs"], max_blocks, 2)
+    else:
+        args = (s["num_tokens"], s["num_kv_heads"], s["head_dim"], 1, 1, 2)
+    plan, why = ascendc_build.plan(op, args)
+    if why:
+        raise ValueError(f"ascendc_tiling({op!r}): no tiling for {shape}: {why}")
+    return plan
+
+
 @functools.lru_cache(maxsize=None)
-def _reshape_and_cache_cell(device: str) -> ReshapeAndCache:
-    return ReshapeAndCache(device=device)
+def _reshape_and_cache_cell(device: str, backend: str) -> ReshapeAndCache:
+    return ReshapeAndCache(device=device, backend=backend)
 
 
 @functools.lru_cache(maxsize=64)
-def _paged_attention_cell(h: int, kvh: int, d: int, scale: float, device: str) -> PagedAttention:
-    return PagedAttention(h, kvh, d, scale, device=device)
+def _paged_attention_cell(h: int, kvh: int, d: int, scale: float, device: str, backend: str) -> PagedAttention:
+    return PagedAttention(h, kvh, d, scale, device=device, backend=backend)
 
 
 def _device() -> str:
     return "npu" if ms.get_context("device_target") == "Ascend" else "cpu"
+
+
+def _ascendc_operand(backend: str, name: str, x, head_dim: int) -> None:
+    if backend != "ascendc":
+        return
+    if x.dtype not in (ms.float16, ms.bfloat16):
+        raise ValueError(f"backend 'ascendc' takes float16 or bfloat16 tensors, {name} is {x.dtype}")
+    if head_dim % 16:
+        raise ValueError(f"backend 'ascendc' copies whole 32-byte blocks: head_dim must be a multiple of 16, "
+                         f"got {head_dim}")
 
 
 def _shape(name: str, x, ndim: int) -> tuple:

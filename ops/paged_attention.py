@@ -3,6 +3,9 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from ms_atb.ops import build
+from ms_atb.ops.backends import ascend_custom_op, resolve_backend
+
+_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "context_lens", "query_start_loc", "scale")
 
 
 class PagedAttention(nn.Cell):
@@ -12,26 +15,33 @@ class PagedAttention(nn.Cell):
     Sequence b owns query rows query_start_loc[b]:query_start_loc[b+1], the LAST tokens of its
     context_lens[b] tokens (their K/V must already be in the cache); causal; query head h reads
     kv head h // (H // KVH). Rows owned by no sequence come out zero; a sequence with an empty
-    query range is skipped. float32, float16 and bfloat16 (computed in float32) on the CPU; bfloat16 is tested
-    through ms_atb.ops.paged_attention (tests/test_ops_functional.py).
+    query range is skipped. backend (ops/backends.py): on the CPU "cpu" (float32, float16 and bfloat16,
+    computed in float32) or "ascendc" (float16 and bfloat16, head_dim a multiple of 16); on Ascend
+    "ms_atb" or "mindspore"; None: the device's default.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, device: str = "cpu"):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, device: str = "cpu",
+                 backend: str | None = None):
         super().__init__()
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
         if head_dim < 1:
             raise ValueError(f"head_dim must be >= 1, got {head_dim}")
-        if device not in ("cpu", "npu"):
-            raise ValueError(f"device must be 'cpu' or 'npu', got {device!r}")
+        self.backend = resolve_backend(device, backend)
+        if self.backend == "ascendc" and head_dim % 16:
+            raise ValueError(f"attention_backend 'ascendc' copies whole 32-byte blocks: head_dim must be a multiple "
+                             f"of 16, got {head_dim}")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.device = device
         self.scale_t = Tensor([scale], ms.float32)  # [1]
-        if device == "cpu":
-            self.op = build.aot_op(
-                "PagedAttention",
-                ("query", "key_cache", "value_cache", "block_tables", "context_lens", "query_start_loc", "scale"),
-                lambda q, *_: q)
+        if self.backend == "cpu":
+            self.op = build.aot_op("PagedAttention", _INPUTS, lambda q, *_: q)
+        elif self.backend == "ascendc":
+            from ms_atb.ops import ascendc_build
+            self.op = ascendc_build.aot_op("MsAtbPagedAttention", _INPUTS, lambda q, *_: q)
+        elif self.backend == "ms_atb":
+            # UNVERIFIED (no Ascend here): our AscendC kernel, installed as a CANN custom op.
+            self.op = ascend_custom_op("MsAtbPagedAttention", _INPUTS, lambda q, *_: q, lambda q, *_: q)
         else:
             # UNVERIFIED (no Ascend here): MindSpore's ATB-backed PagedAttention, which takes per-sequence
             # query counts (q_seq_lens) and, with mask_mode TRAPEZOIDAL, builds the causal mask of
@@ -40,7 +50,7 @@ class PagedAttention(nn.Cell):
             self.op = AscendPagedAttention(num_heads, scale, num_kv_heads, mask_mode="TRAPEZOIDAL")
 
     def construct(self, query, key_cache, value_cache, block_tables, context_lens, query_start_loc):
-        if self.device == "cpu":
+        if self.backend != "mindspore":
             return self.op(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, self.scale_t)
         q_seq_lens = query_start_loc[1:] - query_start_loc[:-1]  # [B]
         return self.op(query, key_cache, value_cache, block_tables, context_lens, None, None, None, q_seq_lens)

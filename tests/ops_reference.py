@@ -16,7 +16,7 @@ def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping):
 
 def paged_attention_ref(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale):
     """query [T, H, D] -> [T, H, D]: sequence b's queries are the last tokens of its context, causal, GQA."""
-    num_tokens, num_heads, _ = query.shape
+    num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
     out = np.zeros(query.shape, np.float64)
@@ -27,13 +27,15 @@ def paged_attention_ref(query, key_cache, value_cache, block_tables, context_len
         blocks = block_tables[b][: (ctx + block_size - 1) // block_size]
         keys = key_cache[blocks].reshape(-1, num_kv_heads, key_cache.shape[3])[:ctx].astype(np.float64)
         values = value_cache[blocks].reshape(-1, num_kv_heads, value_cache.shape[3])[:ctx].astype(np.float64)
-        for i in range(end - start):
-            pos = ctx - (end - start) + i
-            for h in range(num_heads):
-                g = h // group
-                scores = keys[: pos + 1, g] @ query[start + i, h].astype(np.float64) * scale
-                p = np.exp(scores - scores.max())
-                out[start + i, h] = (p / p.sum()) @ values[: pos + 1, g]
+        n = end - start
+        q = query[start:end].astype(np.float64).reshape(n, num_kv_heads, group, head_dim)  # [n, KVH, G, D]
+        scores = np.einsum("nkgd,ckd->nkgc", q, keys) * scale                             # [n, KVH, G, ctx]
+        positions = ctx - n + np.arange(n)                                                 # [n]
+        after = np.arange(ctx)[None, :] > positions[:, None]                               # [n, ctx] causal mask
+        scores = np.where(after[:, None, None, :], -np.inf, scores)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        out[start:end] = np.einsum("nkgc,ckd->nkgd", p / p.sum(-1, keepdims=True), values).reshape(n, num_heads,
+                                                                                                     head_dim)
     return out
 
 

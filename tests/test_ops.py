@@ -210,8 +210,8 @@ def test_constructor_errors():
 
 
 def test_npu_dispatch_builds_mindspore_ops():
-    assert type(ReshapeAndCache(device="npu").op).__name__ == "ReshapeAndCache"
-    assert type(PagedAttention(4, 2, 16, 0.25, device="npu").op).__name__ == "PagedAttention"
+    assert type(ReshapeAndCache(device="npu", backend="mindspore").op).__name__ == "ReshapeAndCache"
+    assert type(PagedAttention(4, 2, 16, 0.25, device="npu", backend="mindspore").op).__name__ == "PagedAttention"
 
 
 def test_missing_compiler_is_a_clear_error(monkeypatch):

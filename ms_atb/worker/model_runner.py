@@ -17,6 +17,7 @@ import time
 import mindspore as ms
 import numpy as np
 
+from ms_atb.config import parse_device
 from ms_atb.models import loader
 from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.models.parallel import num_kv_heads_per_rank
@@ -78,8 +79,7 @@ class ModelRunner:
         for name, value in (("num_blocks", num_blocks), ("max_model_len", max_model_len)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if device not in _DEVICES:
-            raise ValueError(f"device {device!r} not supported; allowed: {sorted(_DEVICES)}")
+        device, device_id = parse_device(device)   # "npu:N" -> ("npu", N); None: msrun's or DEVICE_ID's
         self.model_config = model_config or loader.load_config(model_path)
         if max_model_len > self.model_config.max_position_embeddings:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
@@ -93,13 +93,16 @@ class ModelRunner:
         ms.set_context(mode=ms.GRAPH_MODE)
         if ms.get_context("device_target") != _DEVICES[device]:
             try:
-                ms.set_device(_DEVICES[device])  # only possible before MindSpore's runtime starts
+                # only possible before MindSpore's runtime starts
+                ms.set_device(_DEVICES[device], *(() if device_id is None else (device_id,)))
             except RuntimeError as e:            # e.g. "npu" with a CPU-only MindSpore build
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ValueError(f"context.device {device!r}: this MindSpore {ms.__version__} cannot use it "
+                raise ValueError(f"context.device {config.context.device!r}: this MindSpore {ms.__version__} cannot use it "
                                  f"({reason}); 'cpu' works with every build") from None
+        backend = config.kv_cache.attention_backend
+        self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
-                                      tp_size, tp_rank)
+                                      tp_size, tp_rank, attention_backend=self.attention_backend)
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
                                                     dtype=np.float32))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
@@ -181,7 +184,14 @@ class ModelRunner:
                 "dtype": str(self.dtype), "device": ms.get_context("device_target"),
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
-                "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library()}
+                "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library(),
+                "attention_backend": self.attention_backend, **self._attention_library()}
+
+    def _attention_library(self) -> dict:
+        if self.attention_backend != "ascendc":
+            return {}
+        from ms_atb.ops.ascendc_build import ascendc_library
+        return {"ascendc_kernels": ascendc_library()}
 
     def _compile_buckets(self) -> None:
         for t in self.buckets:

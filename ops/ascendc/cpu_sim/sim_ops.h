@@ -1,0 +1,183 @@
+// CPU implementation of the Ascend C API subset: DataCopy between global and local memory, and the
+// vector instructions the kernels use (element-wise, scalar, reductions, casts). Every operand is
+// checked: alive, in bounds, 32-byte aligned where the hardware requires it.
+#ifndef MS_ATB_ASCENDC_SIM_OPS_H_
+#define MS_ATB_ASCENDC_SIM_OPS_H_
+
+#include <algorithm>
+#include <type_traits>
+
+#include "sim_tensor.h"
+
+namespace AscendC {
+
+struct DataCopyParams {
+  uint16_t blockCount = 1;  // number of contiguous pieces
+  uint16_t blockLen = 0;    // length of each piece, in 32-byte blocks
+  uint16_t srcStride = 0;   // gap between pieces in the source, in 32-byte blocks
+  uint16_t dstStride = 0;   // gap between pieces in the destination, in 32-byte blocks
+  DataCopyParams() = default;
+  DataCopyParams(uint16_t count, uint16_t len, uint16_t src_stride, uint16_t dst_stride)
+      : blockCount(count), blockLen(len), srcStride(src_stride), dstStride(dst_stride) {}
+};
+
+namespace detail {
+inline void CheckCopy(uint64_t bytes, uint64_t local_address, uint64_t gm_offset) {
+  Require(bytes % kBlockBytes == 0, "copy alignment",
+          "DataCopy of " + std::to_string(bytes) + " bytes, not a whole number of 32-byte blocks");
+  Require(local_address % kBlockBytes == 0, "copy alignment",
+          "DataCopy at local address " + std::to_string(local_address) + ", not 32-byte aligned");
+  Require(gm_offset % kBlockBytes == 0, "copy alignment",
+          "DataCopy at global offset " + std::to_string(gm_offset) + " bytes, not 32-byte aligned");
+}
+template <typename T>
+T *Operand(const LocalTensor<T> &t, int32_t count, const char *op) {
+  Require(count >= 0, "local bounds", std::string(op) + " with a negative count");
+  Require(t.Address() % kBlockBytes == 0, "vector operand alignment",
+          std::string(op) + " operand at local address " + std::to_string(t.Address()) + ", not 32-byte aligned");
+  return t.Data(0, static_cast<uint32_t>(count));
+}
+}  // namespace detail
+
+// Global -> local, count contiguous elements.
+template <typename T>
+void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, uint32_t count) {
+  uint64_t gm_offset;
+  const T *from = src.Span(count, &gm_offset);
+  detail::CheckCopy(count * sizeof(T), dst.Address(), gm_offset);
+  std::memcpy(dst.Data(0, count), from, count * sizeof(T));
+}
+
+// Local -> global, count contiguous elements.
+template <typename T>
+void DataCopy(const GlobalTensor<T> &dst, const LocalTensor<T> &src, uint32_t count) {
+  uint64_t gm_offset;
+  T *to = dst.Span(count, &gm_offset);
+  detail::CheckCopy(count * sizeof(T), src.Address(), gm_offset);
+  std::memcpy(to, src.Data(0, count), count * sizeof(T));
+}
+
+// Global -> local in blockCount pieces of blockLen blocks, the strides (in blocks) between pieces.
+template <typename T>
+void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const DataCopyParams &p) {
+  const uint64_t piece = p.blockLen * kBlockBytes / sizeof(T);
+  const uint64_t src_step = piece + p.srcStride * kBlockBytes / sizeof(T);
+  const uint64_t dst_step = piece + p.dstStride * kBlockBytes / sizeof(T);
+  Require(p.blockCount > 0 && p.blockLen > 0, "copy alignment", "DataCopyParams with an empty piece");
+  uint64_t gm_offset;
+  const T *from = src.Span((p.blockCount - 1) * src_step + piece, &gm_offset);
+  detail::CheckCopy(piece * sizeof(T), dst.Address(), gm_offset);
+  T *to = dst.Data(0, static_cast<uint32_t>((p.blockCount - 1) * dst_step + piece));
+  for (uint16_t i = 0; i < p.blockCount; ++i) std::memcpy(to + i * dst_step, from + i * src_step, piece * sizeof(T));
+}
+
+// Local -> global in pieces, as above.
+template <typename T>
+void DataCopy(const GlobalTensor<T> &dst, const LocalTensor<T> &src, const DataCopyParams &p) {
+  const uint64_t piece = p.blockLen * kBlockBytes / sizeof(T);
+  const uint64_t src_step = piece + p.srcStride * kBlockBytes / sizeof(T);
+  const uint64_t dst_step = piece + p.dstStride * kBlockBytes / sizeof(T);
+  Require(p.blockCount > 0 && p.blockLen > 0, "copy alignment", "DataCopyParams with an empty piece");
+  uint64_t gm_offset;
+  T *to = dst.Span((p.blockCount - 1) * dst_step + piece, &gm_offset);
+  detail::CheckCopy(piece * sizeof(T), src.Address(), gm_offset);
+  const T *from = src.Data(0, static_cast<uint32_t>((p.blockCount - 1) * src_step + piece));
+  for (uint16_t i = 0; i < p.blockCount; ++i) std::memcpy(to + i * dst_step, from + i * src_step, piece * sizeof(T));
+}
+
+#define MS_ATB_SIM_BINARY(Name, expr)                                                                  \
+  template <typename T>                                                                                \
+  void Name(const LocalTensor<T> &dst, const LocalTensor<T> &src0, const LocalTensor<T> &src1,         \
+            const int32_t count) {                                                                     \
+    const T *a = detail::Operand(src0, count, #Name), *b = detail::Operand(src1, count, #Name);        \
+    T *d = detail::Operand(dst, count, #Name);                                                         \
+    for (int32_t i = 0; i < count; ++i) d[i] = (expr);                                                 \
+  }
+MS_ATB_SIM_BINARY(Add, a[i] + b[i])
+MS_ATB_SIM_BINARY(Sub, a[i] - b[i])
+MS_ATB_SIM_BINARY(Mul, a[i] * b[i])
+MS_ATB_SIM_BINARY(Div, a[i] / b[i])
+MS_ATB_SIM_BINARY(Max, std::max(a[i], b[i]))
+MS_ATB_SIM_BINARY(Min, std::min(a[i], b[i]))
+#undef MS_ATB_SIM_BINARY
+
+#define MS_ATB_SIM_SCALAR(Name, expr)                                                                  \
+  template <typename T>                                                                                \
+  void Name(const LocalTensor<T> &dst, const LocalTensor<T> &src, const T scalar, const int32_t count) { \
+    const T *a = detail::Operand(src, count, #Name);                                                   \
+    T *d = detail::Operand(dst, count, #Name);                                                         \
+    for (int32_t i = 0; i < count; ++i) d[i] = (expr);                                                 \
+  }
+MS_ATB_SIM_SCALAR(Adds, a[i] + scalar)
+MS_ATB_SIM_SCALAR(Muls, a[i] * scalar)
+MS_ATB_SIM_SCALAR(Maxs, std::max(a[i], scalar))
+#undef MS_ATB_SIM_SCALAR
+
+// dst += src * scalar
+template <typename T>
+void Axpy(const LocalTensor<T> &dst, const LocalTensor<T> &src, const T scalar, const int32_t count) {
+  const T *a = detail::Operand(src, count, "Axpy");
+  T *d = detail::Operand(dst, count, "Axpy");
+  for (int32_t i = 0; i < count; ++i) d[i] += a[i] * scalar;
+}
+
+template <typename T>
+void Exp(const LocalTensor<T> &dst, const LocalTensor<T> &src, const int32_t count) {
+  static_assert(std::is_same<T, float>::value, "the kernels take Exp in float32");
+  const T *a = detail::Operand(src, count, "Exp");
+  T *d = detail::Operand(dst, count, "Exp");
+  for (int32_t i = 0; i < count; ++i) d[i] = std::exp(a[i]);
+}
+
+template <typename T>
+void Duplicate(const LocalTensor<T> &dst, const T scalar, const int32_t count) {
+  T *d = detail::Operand(dst, count, "Duplicate");
+  for (int32_t i = 0; i < count; ++i) d[i] = scalar;
+}
+
+// dst[0] = max / sum of src[0:count]; work is the instruction's scratch (count elements at most).
+template <typename T>
+void ReduceMax(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LocalTensor<T> &work, const int32_t count) {
+  Require(count > 0, "local bounds", "ReduceMax of no elements");
+  const T *a = detail::Operand(src, count, "ReduceMax");
+  detail::Operand(work, 1, "ReduceMax");
+  T lanes[8];
+  for (int j = 0; j < 8; ++j) lanes[j] = a[0];
+  int32_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] = lanes[j] > a[i + j] ? lanes[j] : a[i + j];
+  for (; i < count; ++i) lanes[0] = lanes[0] > a[i] ? lanes[0] : a[i];
+  T m = lanes[0];
+  for (int j = 1; j < 8; ++j) m = m > lanes[j] ? m : lanes[j];
+  detail::Operand(dst, 1, "ReduceMax")[0] = m;
+}
+template <typename T>
+void ReduceSum(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LocalTensor<T> &work, const int32_t count) {
+  Require(count > 0, "local bounds", "ReduceSum of no elements");
+  const T *a = detail::Operand(src, count, "ReduceSum");
+  detail::Operand(work, 1, "ReduceSum");
+  T lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums, added pairwise at the end, as a tree reduction does
+  int32_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += a[i + j];
+  for (; i < count; ++i) lanes[i % 8] += a[i];
+  detail::Operand(dst, 1, "ReduceSum")[0] =
+      ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
+// Widening casts are exact (CAST_NONE); narrowing casts to 16-bit floats round to nearest even (CAST_RINT).
+template <typename D, typename S>
+void Cast(const LocalTensor<D> &dst, const LocalTensor<S> &src, const RoundMode mode, const uint32_t count) {
+  const S *a = detail::Operand(src, static_cast<int32_t>(count), "Cast");
+  D *d = detail::Operand(dst, static_cast<int32_t>(count), "Cast");
+  if (std::is_same<D, float>::value) {
+    Require(mode == RoundMode::CAST_NONE, "cast mode", "a widening Cast takes RoundMode::CAST_NONE");
+  } else {
+    Require(mode == RoundMode::CAST_RINT, "cast mode", "the kernels narrow with RoundMode::CAST_RINT");
+  }
+  for (uint32_t i = 0; i < count; ++i) d[i] = D(static_cast<float>(a[i]));
+}
+
+}  // namespace AscendC
+
+#endif  // MS_ATB_ASCENDC_SIM_OPS_H_

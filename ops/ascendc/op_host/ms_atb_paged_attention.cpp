@@ -1,0 +1,65 @@
+// MsAtbPagedAttention, host side: op definition, shape and dtype inference, tiling (ms_atb_plan.h).
+//   query [T, H, D]; key_cache, value_cache [NB, BS, KVH, D]; block_tables [B, MAXB] int32;
+//   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32 -> out [T, H, D].
+// float16 and bfloat16 (tiling keys 0 and 1).
+#include "ms_atb_hardware.h"
+#include "ms_atb_paged_attention_tiling.h"
+#include "register/op_def_registry.h"
+
+namespace optiling {
+static ge::graphStatus MsAtbPagedAttentionTiling(gert::TilingContext *context) {
+  const gert::Shape &q = context->GetInputShape(0)->GetStorageShape();       // [T, H, D]
+  const gert::Shape &cache = context->GetInputShape(1)->GetStorageShape();   // [NB, BS, KVH, D]
+  const gert::Shape &tables = context->GetInputShape(3)->GetStorageShape();  // [B, MAXB]
+  const ms_atb_plan::PagedAttentionShape shape{q.GetDim(0), q.GetDim(1), cache.GetDim(2), q.GetDim(2), cache.GetDim(1),
+                                               cache.GetDim(0), tables.GetDim(0), tables.GetDim(1), 2};
+  const char *why = "";
+  const ms_atb_plan::PagedAttentionPlan plan =
+      ms_atb_plan::PlanPagedAttention(shape, ms_atb_plan::PlatformFigures(context), &why);
+  if (plan.ub_bytes == 0) return ge::GRAPH_FAILED;
+  MsAtbPagedAttentionTilingData tiling;
+  ms_atb_plan::StorePagedAttention(shape, plan, tiling);
+  context->SetBlockDim(plan.block_dim);
+  context->SetTilingKey(context->GetInputDesc(0)->GetDataType() == ge::DT_BF16 ? 1 : 0);
+  tiling.SaveToBuffer(context->GetRawTilingData()->GetData(), context->GetRawTilingData()->GetCapacity());
+  context->GetRawTilingData()->SetDataSize(tiling.GetDataSize());
+  size_t *workspace = context->GetWorkspaceSizes(1);
+  workspace[0] = ms_atb_plan::SystemWorkspace(context);
+  return ge::GRAPH_SUCCESS;
+}
+}  // namespace optiling
+
+namespace ge {
+static graphStatus MsAtbPagedAttentionInferShape(gert::InferShapeContext *context) {
+  *context->GetOutputShape(0) = *context->GetInputShape(0);  // out [T, H, D] = query's shape
+  return GRAPH_SUCCESS;
+}
+
+static graphStatus MsAtbPagedAttentionInferDataType(gert::InferDataTypeContext *context) {
+  context->SetOutputDataType(0, context->GetInputDataType(0));
+  return GRAPH_SUCCESS;
+}
+}  // namespace ge
+
+namespace ops {
+class MsAtbPagedAttention : public OpDef {
+ public:
+  explicit MsAtbPagedAttention(const char *name) : OpDef(name) {
+    const std::vector<ge::DataType> floats{ge::DT_FLOAT16, ge::DT_BF16};
+    const std::vector<ge::DataType> ints{ge::DT_INT32, ge::DT_INT32};
+    const std::vector<ge::Format> nd{ge::FORMAT_ND, ge::FORMAT_ND};
+    this->Input("query").ParamType(REQUIRED).DataType(floats).Format(nd);
+    this->Input("key_cache").ParamType(REQUIRED).DataType(floats).Format(nd);
+    this->Input("value_cache").ParamType(REQUIRED).DataType(floats).Format(nd);
+    this->Input("block_tables").ParamType(REQUIRED).DataType(ints).Format(nd);
+    this->Input("context_lens").ParamType(REQUIRED).DataType(ints).Format(nd);
+    this->Input("query_start_loc").ParamType(REQUIRED).DataType(ints).Format(nd);
+    this->Input("scale").ParamType(REQUIRED).DataType({ge::DT_FLOAT, ge::DT_FLOAT}).Format(nd);
+    this->Output("out").ParamType(REQUIRED).DataType(floats).Format(nd);
+    this->SetInferShape(ge::MsAtbPagedAttentionInferShape).SetInferDataType(ge::MsAtbPagedAttentionInferDataType);
+    this->AICore().SetTiling(optiling::MsAtbPagedAttentionTiling);
+    this->AICore().AddConfig("ascend910b");
+  }
+};
+OP_ADD(MsAtbPagedAttention);
+}  // namespace ops

@@ -1,0 +1,146 @@
+// Tiling plans of the ms_atb AscendC ops, computed from the shapes and the hardware figures alone
+// (plain C++: the op_host tiling functions and the CPU verification call the same code).
+//
+// Hardware figures assumed for the Atlas 800I A2 (Ascend 910B) when the platform cannot be asked
+// (on the NPU the tiling functions read them from the platform instead); sources in
+// ops/ascendc/README.md: 20 AI cores (Cube), 40 vector cores, unified buffer 192 KiB per vector
+// core, L1 512 KiB, L0A 64 KiB, L0B 64 KiB, L0C 128 KiB per AI core.
+#ifndef MS_ATB_PLAN_H_
+#define MS_ATB_PLAN_H_
+
+#include <algorithm>
+#include <cstdint>
+
+
+namespace ms_atb_plan {
+
+struct HardwareFigures {
+  uint32_t vector_cores, cube_cores;
+  uint64_t ub_bytes, l1_bytes, l0a_bytes, l0b_bytes, l0c_bytes;
+};
+
+inline HardwareFigures AssumedAtlas800IA2() {
+  return {40, 20, 192 * 1024, 512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024};
+}
+
+constexpr uint32_t kAlign = 32;          // bytes: copies and vector operands come in 32-byte blocks
+constexpr uint32_t kTokenGrain = 16;     // span granularity (cache tokens)
+constexpr uint32_t kMaxSpan = 128;       // cache tokens per softmax step, at most
+constexpr uint32_t kMaxQueryTile = 16;   // queries per work item, at most
+
+inline uint32_t Align(uint64_t bytes) { return static_cast<uint32_t>((bytes + kAlign - 1) / kAlign * kAlign); }
+
+struct PagedAttentionShape {
+  int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs, max_blocks;
+  int64_t elem_bytes;  // 2: float16 or bfloat16
+};
+
+// The tile sizes and the unified-buffer bytes of each buffer one core of the kernel asks for.
+struct PagedAttentionPlan {
+  uint32_t block_dim = 0, q_tile = 0, head_tile = 0, span = 0;
+  uint32_t q_bytes = 0, kv_bytes = 0, out_bytes = 0, rows_f32_bytes = 0, kv_f32_bytes = 0, scores_bytes = 0,
+           stats_bytes = 0, work_bytes = 0;
+  uint64_t ub_bytes = 0;  // 0: no tiling fits
+};
+
+// Unified-buffer bytes of one core: q (1 buffer), K and V (2 buffers each: double buffering), out (1),
+// query rows and accumulators in float32, K and V spans in float32, scores, 4 statistics vectors
+// (m, l, new m, alpha) and 2 reduction scratch buffers.
+inline uint64_t PagedAttentionUb(PagedAttentionPlan &p, int64_t head_dim, int64_t elem_bytes) {
+  const uint64_t rows = uint64_t{p.q_tile} * p.head_tile, d = head_dim, span = p.span;
+  p.q_bytes = Align(rows * d * elem_bytes);
+  p.kv_bytes = Align(span * d * elem_bytes);
+  p.out_bytes = p.q_bytes;
+  p.rows_f32_bytes = Align(rows * d * 4);
+  p.kv_f32_bytes = Align(span * d * 4);
+  p.scores_bytes = Align(rows * span * 4);
+  p.stats_bytes = Align(rows * 4);
+  p.work_bytes = Align(std::max<uint64_t>(span, d) * 4);
+  return uint64_t{p.q_bytes} + 4ull * p.kv_bytes + p.out_bytes + 2ull * p.rows_f32_bytes + 2ull * p.kv_f32_bytes +
+         p.scores_bytes + 4ull * p.stats_bytes + 2ull * p.work_bytes;
+}
+
+// The plan of a shape (ub_bytes 0 when none fits; then *why says which limit). Work item = (sequence,
+// q_tile queries, KV head, head_tile heads of its group); the cache is read in spans of `span` tokens
+// with one online-softmax update per span. Largest head tile (a divisor of the group) first, then the
+// largest query tile, then the longest span.
+inline PagedAttentionPlan PlanPagedAttention(const PagedAttentionShape &s, const HardwareFigures &hw,
+                                             const char **why) {
+  PagedAttentionPlan p;
+  *why = "";
+  if (s.num_kv_heads < 1 || s.num_heads % s.num_kv_heads != 0) { *why = "num_heads % num_kv_heads"; return p; }
+  if ((s.head_dim * s.elem_bytes) % kAlign != 0) { *why = "head_dim * element bytes % 32"; return p; }
+  const int64_t group = s.num_heads / s.num_kv_heads;
+  const int64_t max_context = std::max<int64_t>(1, s.max_blocks * s.block_size);
+  const int64_t max_queries = std::max<int64_t>(1, s.num_tokens - std::max<int64_t>(s.num_seqs, 1) + 1);
+  const int64_t span_max = std::min<int64_t>(kMaxSpan, (max_context + kTokenGrain - 1) / kTokenGrain * kTokenGrain);
+  for (int64_t head_tile = group; head_tile >= 1 && p.ub_bytes == 0; --head_tile) {
+    if (group % head_tile) continue;
+    p.head_tile = static_cast<uint32_t>(head_tile);
+    for (int64_t q_tile = std::min<int64_t>(max_queries, kMaxQueryTile); q_tile >= 1 && p.ub_bytes == 0; q_tile /= 2) {
+      p.q_tile = static_cast<uint32_t>(q_tile);
+      for (int64_t span = span_max; span >= kTokenGrain; span -= kTokenGrain) {
+        p.span = static_cast<uint32_t>(span);
+        const uint64_t need = PagedAttentionUb(p, s.head_dim, s.elem_bytes);
+        if (need <= hw.ub_bytes) { p.ub_bytes = need; break; }
+      }
+    }
+  }
+  if (p.ub_bytes == 0) { *why = "unified buffer: one query, one head and 16 cache tokens do not fit"; return p; }
+  // An upper bound on the work items over every split of T queries into B sequences.
+  const int64_t seq_tiles = std::min<int64_t>(s.num_tokens, std::max<int64_t>(s.num_seqs, 1) + s.num_tokens / p.q_tile);
+  const int64_t items = seq_tiles * s.num_kv_heads * (group / p.head_tile);
+  p.block_dim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(hw.vector_cores, items)));
+  return p;
+}
+
+// The tiling data of a plan (TilingData: MsAtbPagedAttentionTilingData, through its setters).
+template <class TilingData>
+void StorePagedAttention(const PagedAttentionShape &s, const PagedAttentionPlan &p, TilingData &t) {
+  t.set_num_tokens(s.num_tokens); t.set_num_heads(s.num_heads); t.set_num_kv_heads(s.num_kv_heads);
+  t.set_head_dim(s.head_dim); t.set_block_size(s.block_size); t.set_num_blocks(s.num_blocks);
+  t.set_num_seqs(s.num_seqs); t.set_max_blocks(s.max_blocks);
+  t.set_block_dim(p.block_dim); t.set_q_tile(p.q_tile); t.set_head_tile(p.head_tile); t.set_span(p.span);
+  t.set_q_bytes(p.q_bytes); t.set_kv_bytes(p.kv_bytes); t.set_out_bytes(p.out_bytes);
+  t.set_rows_f32_bytes(p.rows_f32_bytes); t.set_kv_f32_bytes(p.kv_f32_bytes); t.set_scores_bytes(p.scores_bytes);
+  t.set_stats_bytes(p.stats_bytes); t.set_work_bytes(p.work_bytes);
+}
+
+struct ReshapeAndCacheShape {
+  int64_t num_tokens, num_kv_heads, head_dim, num_blocks, block_size, elem_bytes;
+};
+
+struct ReshapeAndCachePlan {
+  uint32_t block_dim = 0, chunk_elems = 0, chunk_bytes = 0;
+  uint64_t ub_bytes = 0;  // 0: no tiling fits
+};
+
+// Each core copies the K and V rows of every block_dim-th token through two staging buffers of
+// chunk_elems elements; a row larger than a buffer is copied in equal chunks.
+inline ReshapeAndCachePlan PlanReshapeAndCache(const ReshapeAndCacheShape &s, const HardwareFigures &hw,
+                                               const char **why) {
+  ReshapeAndCachePlan p;
+  *why = "";
+  const int64_t row = s.num_kv_heads * s.head_dim;
+  if ((s.head_dim * s.elem_bytes) % kAlign != 0) { *why = "head_dim * element bytes % 32"; return p; }
+  const int64_t grain = kAlign / s.elem_bytes;
+  const int64_t per_buffer = static_cast<int64_t>(hw.ub_bytes / 2) / kAlign * kAlign / s.elem_bytes;
+  int64_t chunk = std::min<int64_t>(row, per_buffer) / grain * grain;
+  while (row % chunk) chunk -= grain;
+  p.chunk_elems = static_cast<uint32_t>(chunk);
+  p.chunk_bytes = Align(chunk * s.elem_bytes);
+  p.block_dim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(hw.vector_cores, s.num_tokens)));
+  p.ub_bytes = 2ull * p.chunk_bytes;
+  return p;
+}
+
+template <class TilingData>
+void StoreReshapeAndCache(const ReshapeAndCacheShape &s, const ReshapeAndCachePlan &p, TilingData &t) {
+  t.set_num_tokens(s.num_tokens); t.set_row_elems(s.num_kv_heads * s.head_dim);
+  t.set_num_slots(s.num_blocks * s.block_size); t.set_block_dim(p.block_dim);
+  t.set_chunk_elems(p.chunk_elems); t.set_chunk_bytes(p.chunk_bytes);
+}
+
+}  // namespace ms_atb_plan
+
+#endif  // MS_ATB_PLAN_H_
