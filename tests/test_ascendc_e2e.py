@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 32
-ENGINE = dict(dtype="float16", max_model_len=512, num_blocks=128, max_num_batched_tokens=64, max_num_seqs=8)
+ENGINE = dict(dtype="float16", max_model_len=512, num_blocks=128, max_num_batched_tokens=64, max_num_seqs=8,
+              precompile=False)
 
 
 def demo_conversations() -> list:
