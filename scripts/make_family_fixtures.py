@@ -111,9 +111,11 @@ def save_gguf(path, arch, config, model):
     w.add_eos_token_id(c.eos_token_id)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list(_byte_tokens())
+    # Byte-level BPE needs a merge: id 255 is the merge of ids 65 and 66 ("AB"), not a byte.
+    tokens = _byte_tokens()
+    w.add_token_list(tokens[:255] + [tokens[65] + tokens[66]])
     w.add_token_types([1] * VOCAB)
-    w.add_token_merges([])
+    w.add_token_merges([f"{tokens[65]} {tokens[66]}"])
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
