@@ -94,7 +94,7 @@ def test_generation_config_eos_list_stops(family_llm):
 def test_no_tokenizer_files_token_ids_work_and_text_is_refused(family_llm):
     family, llm = family_llm
     assert llm.tokenizer is None
-    with pytest.raises(ValueError, match="tokenizer"):
+    with pytest.raises(ValueError, match=r"no tokenizer \(no tokenizer.json or tokenizer.model in its directory"):
         llm.generate(["hello"], _greedy(2), use_tqdm=False)
 
 
@@ -184,3 +184,26 @@ def test_tp2_slices_biases_with_their_columns_and_replicates_qk_norms():
                     np.testing.assert_array_equal(r[name], w)
         assert any(n.endswith("bias") for n in full) == (family == "qwen2")
         assert any(n.endswith("q_norm.weight") for n in full) == (family == "qwen3")
+
+
+def test_unknown_family_fails_before_any_weight_is_read(tmp_path, monkeypatch):
+    from ms_atb.models import loader
+
+    def fail(*args, **kwargs):
+        raise AssertionError("weights were read before the family was checked")
+    monkeypatch.setattr(loader, "iter_weights", fail)
+    shutil.copytree(os.path.join(DATA, "qwen2"), tmp_path / "m")
+    d = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps(dict(d, model_type="phi3")))
+    with pytest.raises(ValueError, match=r"model_type 'phi3' is not supported; allowed: \['llama', 'mistral'"):
+        LLM(str(tmp_path / "m"), **SETTINGS)
+    import gguf
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma")
+    w.add_block_count(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"GGUF architecture 'gemma' is not supported; allowed: "
+                                         r"\['llama', 'qwen2', 'qwen3'\]"):
+        LLM(str(tmp_path / "g.gguf"), **SETTINGS)
