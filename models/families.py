@@ -34,7 +34,8 @@ def hf_model_type(d: dict) -> str:
     if model_type not in HF_MODEL_TYPES:
         raise ValueError(f"config.json model_type {model_type!r} is not supported; allowed: "
                          f"{sorted(HF_MODEL_TYPES)}")
-    if archs and HF_MODEL_TYPES[model_type] not in archs:
+    others = [a for a in archs or () if a in HF_MODEL_TYPES.values() and a != HF_MODEL_TYPES[model_type]]
+    if others and HF_MODEL_TYPES[model_type] not in archs:     # unknown names (LLaMAForCausalLM) pass
         raise ValueError(f"config.json architectures {archs} do not match model_type {model_type!r} "
                          f"(expected {HF_MODEL_TYPES[model_type]!r})")
     return model_type
