@@ -207,3 +207,22 @@ def test_unknown_family_fails_before_any_weight_is_read(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"GGUF architecture 'gemma' is not supported; allowed: "
                                          r"\['llama', 'qwen2', 'qwen3'\]"):
         LLM(str(tmp_path / "g.gguf"), **SETTINGS)
+
+
+@pytest.mark.slow
+def test_qwen2_under_msrun_tp2_gives_hf_tokens(tmp_path):
+    """Two ranks split the q/k/v biases with their columns: both give HF's greedy tokens."""
+    from test_tensor_parallel import msrun, logs, read_rank
+    out_dir, log_dir = tmp_path / "out", tmp_path / "log"
+    out_dir.mkdir()
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "family_tp_worker.py")
+    run = msrun(2, [worker, os.path.join(DATA, "qwen2"), str(out_dir)], log_dir)
+    assert run.returncode == 0, f"{run.stdout[-2000:]}\n{logs(log_dir)}"
+    ref = _reference("qwen2")["prompts"]
+    for r in (0, 1):
+        result = read_rank(out_dir, r, log_dir)
+        assert result["token_ids"] == [p["greedy_ids"] for p in ref]
+        for lp, p in zip(result["logprobs"], ref):
+            logits = np.asarray(p["last_logits"], np.float64)
+            ref_lp = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            assert max(abs(v - ref_lp[int(t)]) for t, v in lp.items()) < LOGPROB_TOL
