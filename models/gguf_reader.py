@@ -3,14 +3,16 @@
 GGUF lists a tensor's dims innermost first (`[in, out]` for a linear); the reader's `data` is the
 numpy array of the rows, `[out, bytes_per_row]` for quantized types, and `gguf.quants.dequantize`
 turns it into the HF layout `[out, in]`. The q/k projection rows stay in GGUF's permuted order
-(llama.cpp's convert script reorders each head's rows for interleaved RoPE), which is what
-`rope_interleaved=True` expects.
+(llama.cpp's convert script reorders each head's rows for interleaved RoPE) for the llama
+architecture, which is what `rope_interleaved=True` expects; qwen2 and qwen3 files keep HF's
+rotate-half order. Metadata keys carry the architecture's prefix (`qwen2.block_count`).
 """
 import re
 from typing import Iterator
 
 import numpy as np
 
+from ms_atb.models import families
 from ms_atb.models.gguf_file import GGUFArray, GGUFFile
 
 _LAYER_NAMES = {
@@ -23,13 +25,16 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+_BIAS_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -37,8 +42,9 @@ def hf_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK_RE.match(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    names = _LAYER_NAMES if m and m.group(3) == "weight" else _BIAS_NAMES
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -55,55 +61,63 @@ def _f32(v) -> float:
 def config_dict(path: str) -> dict:
     """LlamaConfig keyword arguments from a GGUF file's metadata (no tensor data is read)."""
     r = open_reader(path)
-    arch = r.get_str("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama')")
+    try:
+        arch = families.gguf_prefix(r.get_str("general.architecture"))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
     def need(key, get=r.get_int, **kw):
-        v = get(f"llama.{key}", **kw)
+        v = get(f"{arch}.{key}", **kw)
         if v is None:
-            raise ValueError(f"{path}: GGUF metadata key 'llama.{key}' is missing")
+            raise ValueError(f"{path}: GGUF metadata key '{arch}.{key}' is missing")
         return v
 
     hidden, heads = need("embedding_length", minimum=1), need("attention.head_count", minimum=1)
-    head_dim = r.get_int("llama.attention.key_length", hidden // heads, minimum=1)
-    rope_dim = r.get_int("llama.rope.dimension_count", head_dim)
+    head_dim = r.get_int(f"{arch}.attention.key_length", hidden // heads, minimum=1)
+    rope_dim = r.get_int(f"{arch}.rope.dimension_count", head_dim)
     if rope_dim != head_dim:
         raise ValueError(f"{path}: partial rotary (rope.dimension_count {rope_dim} != head_dim "
                          f"{head_dim}) is not supported")
     names = list(r.tensors)
-    if "rope_freqs.weight" in names:
-        raise ValueError(f"{path}: a rope_freqs.weight tensor (Llama-3.1-style rope scaling baked into "
-                         f"the file) is not supported; use the HF checkpoint of this model")
     layers = need("block_count", minimum=1)
     if layers > len(names):
-        raise ValueError(f"{path}: llama.block_count is {layers}, but the file holds only {len(names)} "
+        raise ValueError(f"{path}: {arch}.block_count is {layers}, but the file holds only {len(names)} "
                          f"tensors")
     tokens = r.fields.get("tokenizer.ggml.tokens")
     if tokens is not None and not isinstance(tokens, GGUFArray):
         raise ValueError(f"{path}: metadata tokenizer.ggml.tokens must be an array, got {tokens!r}")
     vocab = len(tokens) if tokens is not None else need("vocab_size", minimum=1)
     scaling = None
-    kind = r.get_str("llama.rope.scaling.type")
+    kind = r.get_str(f"{arch}.rope.scaling.type")
     if kind not in (None, "none"):
         scaling = {"rope_type": kind, "factor": float(need("rope.scaling.factor", r.get_float))}
-        orig = r.get_int("llama.rope.scaling.original_context_length", minimum=1)
+        orig = r.get_int(f"{arch}.rope.scaling.original_context_length", minimum=1)
         if orig is not None:
             scaling["original_max_position_embeddings"] = orig
+    if "rope_freqs.weight" in names:            # llama3 scaling as llama.cpp bakes it: a divisor per frequency
+        if scaling is not None:
+            raise ValueError(f"{path}: both {arch}.rope.scaling.type and a rope_freqs.weight tensor; "
+                             f"allowed: one of them")
+        from gguf import quants
+        data, qtype = r.raw("rope_freqs.weight")
+        factors = np.asarray(quants.dequantize(np.asarray(data), qtype), np.float64).reshape(-1)
+        scaling = {"rope_type": "freq_factors", "factors": [float(f) for f in factors]}
     return dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=need("feed_forward_length", minimum=1),
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=r.get_int("llama.attention.head_count_kv", heads, minimum=1),
+        num_key_value_heads=r.get_int(f"{arch}.attention.head_count_kv", heads, minimum=1),
         head_dim=head_dim,
         rms_norm_eps=_f32(need("attention.layer_norm_rms_epsilon", r.get_float)),
-        rope_theta=_f32(r.get_float("llama.rope.freq_base", 10000.0)),
+        rope_theta=_f32(r.get_float(f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
         max_position_embeddings=need("context_length", minimum=1),
         tie_word_embeddings="output.weight" not in names,
-        rope_interleaved=True,
+        rope_interleaved=arch == "llama",
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=r.get_int("tokenizer.ggml.bos_token_id"),
         eos_token_id=r.get_int("tokenizer.ggml.eos_token_id"),
     )
@@ -112,7 +126,7 @@ def config_dict(path: str) -> dict:
 def tensor_shapes(path: str) -> dict:
     """{hf_name: HF-layout shape} of the file's tensors; unknown GGUF names map to themselves."""
     r = open_reader(path)
-    return {hf_name(n) or n: r.shape(n) for n in r.tensors}
+    return {hf_name(n) or n: r.shape(n) for n in r.tensors if n != "rope_freqs.weight"}  # that one: config
 
 
 def iter_tensors(path: str, names, slices: dict) -> Iterator[tuple[str, np.ndarray]]:

@@ -11,7 +11,8 @@ from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num
                                     num_kv_heads_per_rank)
 from ms_atb.ops import PagedAttention, ReshapeAndCache, RmsNorm, RotaryEmbedding, SwiGlu
 
-_ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
+# freq_factors: llama.cpp's rope_freqs tensor (GGUF), one divisor per frequency ({"factors": [D/2]}).
+_ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "freq_factors")
 
 
 @dataclass
@@ -31,6 +32,9 @@ class LlamaConfig:
     rope_interleaved: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
+    attention_bias: bool = False        # a bias on each of q/k/v_proj (Qwen2)
+    qk_norm: bool = False               # RMSNorm over each head of q and of k before RoPE (Qwen3)
+    sliding_window: int | None = None   # attention span (Mistral); the engine refuses longer contexts
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -43,9 +47,14 @@ class LlamaConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
                 raise ValueError(f"LlamaConfig.{name} must be a finite number > 0, got {value!r}")
-        for name in ("tie_word_embeddings", "rope_interleaved"):
+        for name in ("tie_word_embeddings", "rope_interleaved", "attention_bias", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"LlamaConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
+                                                or isinstance(self.sliding_window, bool)
+                                                or self.sliding_window < 1):
+            raise ValueError(f"LlamaConfig.sliding_window must be null or a positive int, "
+                             f"got {self.sliding_window!r}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
             raise ValueError(f"LlamaConfig.rope_scaling must be null or a mapping, got {self.rope_scaling!r}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -81,6 +90,12 @@ def rope_inv_freq(config: LlamaConfig) -> tuple[np.ndarray, float]:
     factor = float(rs.get("factor", 1.0))
     if kind == "linear":
         return inv_freq / factor, 1.0
+    if kind == "freq_factors":
+        factors = np.asarray(rs.get("factors", ()), np.float64)
+        if factors.shape != inv_freq.shape or not np.all(factors > 0):
+            raise ValueError(f"rope_scaling freq_factors must be {len(inv_freq)} numbers > 0 "
+                             f"(head_dim / 2), got shape {factors.shape}")
+        return inv_freq / factors, 1.0
     if kind == "llama3":
         old = rs.get("original_max_position_embeddings", 8192)
         low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
@@ -144,6 +159,13 @@ class LlamaAttention(nn.Cell):
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
                                              tp_size, tp_rank, dtype, device)
         self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device)
+        self.has_bias, self.has_qk_norm = config.attention_bias, config.qk_norm
+        if self.has_bias:  # [q + 2 kv] of this rank, in qkv_proj's column order
+            self.qkv_bias = ms.Parameter(initializer("zeros", (self.q_size + 2 * self.kv_size,), dtype),
+                                         name="qkv_bias")
+        if self.has_qk_norm:  # weights [D], the same on every rank
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
         self.rope = RotaryEmbedding(self.num_heads + self.num_kv_heads, d, dtype, device)
         self.reshape_and_cache = ReshapeAndCache(device=device, backend=attention_backend)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device,
@@ -152,7 +174,15 @@ class LlamaAttention(nn.Cell):
     def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc, rows):
         t = x.shape[0]
-        qkv = self.rope(self.qkv_proj(x, rows), cos, sin, perm)  # [T, q + 2 kv], q and k rotated
+        qkv = self.qkv_proj(x, rows)  # [T, q + 2 kv]
+        if self.has_bias:
+            qkv = qkv + self.qkv_bias
+        if self.has_qk_norm:
+            q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
+            q = self.q_norm(q.reshape(t * self.num_heads, self.head_dim)).reshape(t, self.q_size)  # [T, q]
+            k = self.k_norm(k.reshape(t * self.num_kv_heads, self.head_dim)).reshape(t, self.kv_size)
+            qkv = ops.concat((q, k, v), -1)  # [T, q + 2 kv]
+        qkv = self.rope(qkv, cos, sin, perm)  # [T, q + 2 kv], q and k rotated
         q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
         q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
@@ -267,11 +297,19 @@ class LlamaForCausalLM(nn.Cell):
                 p + "mlp.gate_proj.weight": (mlp.gate_up_proj, 0, (inter, h)),
                 p + "mlp.up_proj.weight": (mlp.gate_up_proj, inter, (inter, h)),
                 p + "mlp.down_proj.weight": (mlp.down_proj, 0, (h, inter))})
+            if c.attention_bias:
+                targets.update({p + "self_attn.q_proj.bias": (attn.qkv_bias, 0, (q,)),
+                                p + "self_attn.k_proj.bias": (attn.qkv_bias, q, (kv,)),
+                                p + "self_attn.v_proj.bias": (attn.qkv_bias, q + kv, (kv,))})
+            if c.qk_norm:
+                targets.update({p + "self_attn.q_norm.weight": (attn.q_norm.weight, None, (attn.head_dim,)),
+                                p + "self_attn.k_norm.weight": (attn.k_norm.weight, None, (attn.head_dim,))})
         return targets
 
     def load_weights(self, weights) -> None:
         """Fill the Parameters from (HF name, HF-layout array already sliced for this rank) pairs, one by one.
-        Linear weights [out, in] are stored transposed, [in, out]; a tied embedding also fills lm_head."""
+        Linear weights [out, in] are stored transposed, [in, out]; q/k/v biases fill one [q + 2 kv]
+        Parameter; a tied embedding also fills lm_head."""
         targets = self._weight_targets()
         pending = {}  # id(linear) -> (buffer [in, out], parts left)
         parts = {}
@@ -295,12 +333,18 @@ class LlamaForCausalLM(nn.Cell):
                 if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
                     self.lm_head.set_weight(array.T)
                 continue
-            linear = param
-            buf, left = pending.get(id(linear)) or (np.empty((linear.in_features, linear.out_features), np.float32),
-                                                   parts[id(linear)])
-            buf[:, offset:offset + shape[0]] = array.T
+            if isinstance(param, ms.Parameter):  # a slice of a fused 1-D Parameter (the q/k/v bias)
+                buf, left = pending.get(id(param)) or (np.empty(param.shape, np.float32), parts[id(param)])
+                buf[offset:offset + shape[0]] = array
+            else:
+                buf, left = pending.get(id(param)) or (
+                    np.empty((param.in_features, param.out_features), np.float32), parts[id(param)])
+                buf[:, offset:offset + shape[0]] = array.T
             if left == 1:
-                linear.set_weight(buf)
+                if isinstance(param, ms.Parameter):
+                    param.set_data(ms.Tensor(buf, self.dtype))
+                else:
+                    param.set_weight(buf)
                 pending.pop(id(param), None)
             else:
                 pending[id(param)] = (buf, left - 1)

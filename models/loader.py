@@ -4,7 +4,7 @@ and seeded random presets.
 `path` is one of:
   - an HF directory: config.json + model.safetensors, or shards listed in model.safetensors.index.json
     (or several *.safetensors without an index); MindFormers parameter names are accepted there too;
-  - a .gguf file (llama architecture; F32/F16/BF16 and every quantized type the `gguf` package
+  - a .gguf file (llama, qwen2 or qwen3 architecture; F32/F16/BF16 and every quantized type the `gguf` package
     dequantises); q/k rows stay permuted for interleaved RoPE (config.rope_interleaved=True);
   - a directory holding exactly one .gguf file (or one .ckpt, below) and no *.safetensors;
   - a MindSpore .ckpt with MindFormers Llama names, or a directory holding exactly one, with its
@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from ms_atb.models import gguf_reader, mindformers_ckpt
+from ms_atb.models import families, gguf_reader, mindformers_ckpt
 from ms_atb.models.llama import LlamaConfig
 from ms_atb.models.parallel import shard_slice
 
@@ -136,33 +136,22 @@ def read_json_object(path: str, what: str) -> dict:
 
 
 def _hf_config(d: dict) -> LlamaConfig:
-    model_type = d.get("model_type", "llama")
-    if model_type not in ("llama", "mistral"):
-        raise ValueError(f"config.json model_type {model_type!r} is not supported (llama only)")
-    act = d.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ValueError(f"config.json hidden_act {act!r} is not supported (Llama's SwiGLU: silu)")
-    for key in ("attention_bias", "mlp_bias"):
-        if d.get(key):
-            raise ValueError(f"config.json {key}=true is not supported (Llama without biases only)")
-    if d.get("sliding_window") and model_type == "mistral":
-        raise ValueError("config.json sliding_window is not supported")
-    d = dict(d)
-    params = d.pop("rope_parameters", None)  # transformers >= 5 keeps rope_theta and scaling here
-    if params:
-        d.setdefault("rope_theta", params.get("rope_theta", 10000.0))
-        if params.get("rope_type", "default") != "default":
-            d.setdefault("rope_scaling", {k: v for k, v in params.items() if k != "rope_theta"})
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads") if k not in d]
-    if missing:
-        raise ValueError(f"config.json lacks {missing}")
-    if d.get("rope_scaling") is not None and not isinstance(d["rope_scaling"], dict):
-        raise ValueError(f"config.json rope_scaling must be null or an object, got {d['rope_scaling']!r}")
-    if d.get("rope_scaling") and d["rope_scaling"].get("rope_type",
-                                                       d["rope_scaling"].get("type")) == "default":
-        d["rope_scaling"] = None
-    return LlamaConfig.from_hf_dict(d)
+    return LlamaConfig.from_hf_dict(families.hf_config_dict(d))
+
+
+def generation_eos_ids(path) -> list[int]:
+    """eos_token_id (an int or a list) of generation_config.json beside an HF model; [] without one."""
+    kind, path = _kind(path)
+    if kind != "hf":
+        return []
+    file = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(file):
+        return []
+    eos = read_json_object(file, "the generation config").get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{file}: eos_token_id must be an int >= 0 or a list of them, got {eos!r}")
+    return ids
 
 
 def _ckpt_config(ckpt: str) -> LlamaConfig:
@@ -194,6 +183,10 @@ def expected_shapes(config: LlamaConfig) -> dict:
             p + "self_attn.k_proj.weight": (kv, c.hidden_size),
             p + "self_attn.v_proj.weight": (kv, c.hidden_size),
             p + "self_attn.o_proj.weight": (c.hidden_size, q),
+            **({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,)} if c.attention_bias else {}),
+            **({p + "self_attn.q_norm.weight": (c.head_dim,),
+                p + "self_attn.k_norm.weight": (c.head_dim,)} if c.qk_norm else {}),
             p + "post_attention_layernorm.weight": (c.hidden_size,),
             p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
             p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
@@ -220,7 +213,7 @@ def check_shapes(found: dict, config: LlamaConfig, source: str, optional=("lm_he
     extra = sorted(set(found) - set(want) - set(optional))
     if extra:
         raise ValueError(f"{source}: unexpected tensor {extra[0]} (shape {tuple(found[extra[0]])}); "
-                         f"a Llama checkpoint holds only {len(want)} tensors for this config")
+                         f"a checkpoint of this config holds only {len(want)} tensors")
 
 
 def iter_weights(path, config: LlamaConfig, tp_size: int = 1, tp_rank: int = 0,

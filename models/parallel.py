@@ -4,6 +4,8 @@ Rules (stable; the loader slices with them):
   q/k/v/gate/up projections are column-parallel: their HF weight [out, in] is split on axis 0;
   o/down projections are row-parallel: their HF weight [out, in] is split on axis 1, and the
   partial outputs are summed with an AllReduce; norms, embedding and lm_head are replicated.
+  A q/k/v bias [out] is split on axis 0 like its weight's rows; the per-head q/k norms [head_dim]
+  are replicated.
   Heads are split contiguously by rank. When tp_size > num_kv_heads the KV heads are replicated:
   rank r holds KV head r * num_kv_heads // tp_size (the one its query heads attend with).
 """
@@ -18,10 +20,12 @@ from ms_atb.ops import PackedMatMul, pack_weight, packed_shape
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(weight|bias)$")
+_BIASED = ("q_proj", "k_proj", "v_proj")
 _REPLICATED_RE = re.compile(
     r"^(model\.embed_tokens\.weight|model\.norm\.weight|lm_head\.weight"
-    r"|model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight)$")
+    r"|model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight"
+    r"|model\.layers\.\d+\.self_attn\.(q_norm|k_norm)\.weight)$")
 
 
 def validate_tp(config, tp_size: int) -> None:
@@ -52,7 +56,7 @@ def num_kv_heads_per_rank(config, tp_size: int) -> int:
 
 def _kind(name: str) -> str | None:
     m = _LAYER_RE.match(name)
-    if m and m.group(3) in _COLUMN + _ROW:
+    if m and m.group(3) in (_COLUMN + _ROW if m.group(4) == "weight" else _BIASED):
         return m.group(3)
     if _REPLICATED_RE.match(name):
         return None
@@ -76,8 +80,9 @@ def shard_slice(name: str, full_shape, config, tp_size: int, tp_rank: int) -> tu
     axis = shard_spec(name, config, tp_size)
     if axis is None:
         return full
-    if len(full_shape) != 2:
-        raise ValueError(f"{name}: expected a 2-D weight, found shape {tuple(full_shape)}")
+    if len(full_shape) != (1 if name.endswith(".bias") else 2):
+        raise ValueError(f"{name}: expected a {'1-D bias' if name.endswith('.bias') else '2-D weight'}, "
+                         f"found shape {tuple(full_shape)}")
     kind, d = _kind(name), config.head_dim
     if kind in ("k_proj", "v_proj"):
         kv_heads = config.num_key_value_heads

@@ -46,7 +46,7 @@ class LLM:
         if default_policy not in POLICIES:
             raise ValueError(f"default_policy must be one of {list(POLICIES)}, got {default_policy!r}")
         self.default_policy = default_policy
-        from ms_atb.models.loader import load_config
+        from ms_atb.models.loader import generation_eos_ids, load_config
         from ms_atb.models.parallel import validate_tp
         from ms_atb.worker.model_runner import kv_cache_bytes_per_block
         from ms_atb.text.tokenizer import load_tokenizer
@@ -60,11 +60,17 @@ class LLM:
         self.rank = init_distributed(tp)
         max_pos = getattr(self.model_config, "max_position_embeddings", None)
         self.max_model_len = cfg.model.max_model_len
+        window = getattr(self.model_config, "sliding_window", None)
         if self.max_model_len is None:           # unset: the model's own limit, at most DEFAULT_MAX_MODEL_LEN
-            self.max_model_len = min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN)
+            self.max_model_len = min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN,
+                                     window or DEFAULT_MAX_MODEL_LEN)
         elif max_pos and self.max_model_len > max_pos:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {max_pos}")
+        elif window and self.max_model_len > window:
+            # Attention runs over the whole context: a request must never outgrow the window.
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's sliding_window "
+                             f"{window}; set max_model_len <= {window}")
         kv = cfg.kv_cache
         self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size,
                                                            cfg.model.dtype, tp)
@@ -80,6 +86,7 @@ class LLM:
             self.num_blocks = kv.num_blocks
         if cfg.context.device == "cpu":
             self._check_memory()
+        self.generation_eos_ids = generation_eos_ids(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         if self.tokenizer is not None:      # a model may pad its vocabulary past the tokenizer's
             self.tokenizer.pad_to(self.model_config.vocab_size)
@@ -204,9 +211,11 @@ class LLM:
 
     @property
     def stop_token_ids(self) -> set[int]:
-        """The tokens that end a request unless ignore_eos: the tokenizer's (EOS, end of turn), and the model's
-        EOS ids (config.json) when the tokenizer names no EOS."""
+        """The tokens that end a request unless ignore_eos: the tokenizer's (EOS, end of turn), the
+        generation config's eos_token_id (generation_config.json), and the model's EOS ids (config.json)
+        when the tokenizer names no EOS."""
         ids = set() if self.tokenizer is None else set(self.tokenizer.stop_token_ids)
+        ids.update(self.generation_eos_ids)
         if self.tokenizer is None or self.tokenizer.eos_token_id is None:
             eos = self.model_config.eos_token_id
             ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])

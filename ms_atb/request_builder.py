@@ -79,7 +79,8 @@ class RequestBuilder:
                 if not prompt:
                     raise ValueError("the prompt is empty")
                 if self.tokenizer is None:
-                    raise ValueError("this model has no tokenizer: pass token ids")
+                    raise ValueError("this model has no tokenizer (no tokenizer.json or tokenizer.model in its "
+                                     "directory, and no model.tokenizer set): pass token ids")
                 ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
                 text = prompt
             elif isinstance(prompt, (list, tuple)) or (isinstance(prompt, np.ndarray) and prompt.ndim == 1):

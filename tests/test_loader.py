@@ -384,8 +384,9 @@ def test_hf_missing_unexpected_misshaped_tensors(tmp_path):
     os.remove(tmp_path / "c" / "config.json")
     with pytest.raises(ValueError, match="config.json is missing"):
         load_config(str(tmp_path / "c"))
-    _write_hf(tmp_path / "d", {}, dict(HF_CONFIG, model_type="qwen2"))
-    with pytest.raises(ValueError, match="model_type 'qwen2' is not supported"):
+    _write_hf(tmp_path / "d", {}, dict(HF_CONFIG, model_type="gpt_neox"))
+    with pytest.raises(ValueError, match=r"model_type 'gpt_neox' is not supported; allowed: "
+                                         r"\['llama', 'mistral', 'qwen2', 'qwen3'\]"):
         load_config(str(tmp_path / "d"))
 
 
