@@ -20,6 +20,7 @@ from ms_atb.sampling_params import SamplingParams
 
 DEVICES = ("cpu", "npu")
 DTYPES = ("float32", "float16", "bfloat16")
+CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8")   # auto: the model's dtype
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}
@@ -40,6 +41,7 @@ class KVCacheSection:
     memory_budget: Union[int, str] = "1GiB"
     enable_prefix_caching: bool = True
     allocation: str = "contiguous"
+    cache_dtype: str = "auto"               # KV storage, independent of model.dtype: the kernels convert
 
 
 @dataclass
@@ -147,6 +149,10 @@ class EngineConfig:
         _choice("context.device", self.context.device, DEVICES)
         _choice("context.mode", self.context.mode, ("graph",))
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
+        _choice("kv_cache.cache_dtype", kv.cache_dtype, CACHE_DTYPES)
+        if self.context.device == "npu" and kv.cache_dtype not in ("auto", m.dtype):
+            raise ValueError(f"kv_cache.cache_dtype {kv.cache_dtype!r} runs on the CPU only; on 'npu' the cache "
+                             f"takes model.dtype: use 'auto'")
         if self.context.device == "cpu" and m.dtype == "bfloat16":
             raise ValueError("model.dtype bfloat16 does not run on the CPU; use float32 (or float16)")
         if m.max_model_len is not None and m.max_model_len < 1:
