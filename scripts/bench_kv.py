@@ -285,12 +285,12 @@ def main() -> None:
 
     if len(dtypes) > 1:
         budget = args.num_blocks * llm.kv_bytes_per_block
-        results["dtypes"] = {dtypes[0]: dtype_rows(llm, args, wls, seq_prompts, system, results)}
+        results["dtypes"] = {llm.cache_dtype: dtype_rows(llm, args, wls, seq_prompts, system, results)}
         for d in dtypes[1:]:
             del llm
             gc.collect()
             llm = engine_for(args, d, budget)
-            results["dtypes"][d] = dtype_rows(llm, args, wls, seq_prompts, system, None)
+            results["dtypes"][llm.cache_dtype] = dtype_rows(llm, args, wls, seq_prompts, system, None)
         print_dtype_table(results["dtypes"], budget, bs)
 
     if not args.no_kernel:
