@@ -91,6 +91,17 @@ template <> inline Half FromFloat<Half>(float x) {
 #endif
 }
 
+// n values of a float16 or bfloat16 tensor to float32 (to = true: back, rounded).
+template <typename T>
+void Convert(void *narrow, float *wide, int64_t n, bool to) {
+  T *x = static_cast<T *>(narrow);
+  if (to) {
+    for (int64_t i = 0; i < n; ++i) x[i] = FromFloat<T>(wide[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) wide[i] = ToFloat(x[i]);
+  }
+}
+
 }  // namespace ms_atb
 
 #endif  // MS_ATB_OPS_DTYPE_H_

@@ -4,8 +4,8 @@
 //   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32 -> out [T, H, D].
 // PagedAttentionQuant takes two more inputs after scale, for int8 caches: key_scale_cache,
 // value_scale_cache [NB, BS, KVH] float32 (cached value = int8 value * its token and head's scale).
-// query and out share one dtype (float32, float16, bfloat16); the caches may be any of those or int8:
-// their rows are converted to float32 as they are read.
+// query and out share one dtype (float32, float16, bfloat16; computed in float32); the caches may be any
+// of those or int8: their rows are converted to float32 as they are read.
 // Sequence b owns query rows query_start_loc[b]:query_start_loc[b+1], the last tokens of its
 // context_lens[b] tokens. Rows owned by no sequence are zero.
 // Work item = (sequence, tile of up to kQueryTile queries, kv heads): all query heads of a kv head
@@ -61,8 +61,8 @@ struct Scratch {
 
 // Rows are (kv head g, query i, head h of the group); each kv head's K/V rows of a block are
 // read once for all of its rows.
-template <typename T, typename C>
-void RunItem(const Item &it, const Args &a, const T *query, const C *key_cache, const C *value_cache, T *out,
+template <typename C>
+void RunItem(const Item &it, const Args &a, const float *query, const C *key_cache, const C *value_cache, float *out,
              Scratch &s) {
   const int64_t G = a.H / a.KVH, D = a.D, BS = a.BS;
   const int64_t nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
@@ -83,9 +83,9 @@ void RunItem(const Item &it, const Args &a, const T *query, const C *key_cache, 
   for (int64_t g = 0; g < ng; ++g)
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t h = 0; h < G; ++h) {
-        const T *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        const float *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
         float *dst = s.q.data() + ((g * nq + i) * G + h) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::ToFloat(src[d]) * a.scale;
+        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
       }
   const int32_t *table = a.block_tables + it.seq * a.MAXB;
   const int64_t nblocks = last_pos / BS + 1;
@@ -139,8 +139,8 @@ void RunItem(const Item &it, const Args &a, const T *query, const C *key_cache, 
       for (int64_t h = 0; h < G; ++h) {
         const int64_t r = (g * nq + i) * G + h;
         const float inv = 1.0f / s.l[r];
-        T *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::FromFloat<T>(s.acc[r * D + d] * inv);
+        float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = s.acc[r * D + d] * inv;
       }
 }
 
@@ -169,9 +169,9 @@ const float *SpanRows(const C *cache, const float *scales, const int32_t *table,
 // kSpanTokens tokens, with one online-softmax update per span. S^T [ntok, RP] = K [ntok, D] @ Q^T
 // (queries packed once per item as 16-column panels [RP / 16, D, 16]), a softmax vectorised over
 // rows, then acc [RG, D] += P [RG, ntok] @ V [ntok, D], P read from S^T.
-template <typename T, typename C>
-void RunItemTiled(const Item &it, const Args &a, const T *query, const C *key_cache, const C *value_cache, T *out,
-                  Scratch &s) {
+template <typename C>
+void RunItemTiled(const Item &it, const Args &a, const float *query, const C *key_cache, const C *value_cache,
+                  float *out, Scratch &s) {
   constexpr int64_t kPanel = ms_atb::kTileCols;
   const int64_t G = a.H / a.KVH, D = a.D, BS = a.BS;
   const int64_t nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
@@ -196,9 +196,9 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const C *key_ca
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t h = 0; h < G; ++h) {
         const int64_t r = i * G + h;
-        const T *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        const float *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
         float *dst = s.q.data() + g * RP * D + (r / kPanel) * D * kPanel + r % kPanel;
-        for (int64_t d = 0; d < D; ++d) dst[d * kPanel] = ms_atb::ToFloat(src[d]) * a.scale;
+        for (int64_t d = 0; d < D; ++d) dst[d * kPanel] = src[d] * a.scale;
       }
   const int32_t *table = a.block_tables + it.seq * a.MAXB;
   const int64_t nblocks = last_pos / BS + 1;
@@ -288,23 +288,21 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const C *key_ca
         const int64_t r = i * G + h;
         const float inv = 1.0f / s.l[g * RP + r];
         const float *src = s.acc.data() + (g * RP + r) * D;
-        T *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::FromFloat<T>(src[d] * inv);
+        float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
       }
 }
 
-template <typename T, typename C>
-void Run(const Args &a, const std::vector<Item> &items, const void *q, const void *kc, const void *vc, void *o) {
+template <typename C>
+void Run(const Args &a, const std::vector<Item> &items, const float *q, const void *kc, const void *vc, float *o) {
   ms_atb::ThreadPool::Get().Run(static_cast<int64_t>(items.size()), [&](int64_t i) {
     thread_local Scratch scratch;
     const Item &it = items[i];
     if ((it.q_end - it.q_begin) * (a.H / a.KVH) >= kTiledRows && a.D % ms_atb::kTileCols == 0) {
-      RunItemTiled<T, C>(it, a, static_cast<const T *>(q), static_cast<const C *>(kc), static_cast<const C *>(vc),
-                         static_cast<T *>(o), scratch);
+      RunItemTiled<C>(it, a, q, static_cast<const C *>(kc), static_cast<const C *>(vc), o, scratch);
       return;
     }
-    RunItem<T, C>(items[i], a, static_cast<const T *>(q), static_cast<const C *>(kc), static_cast<const C *>(vc),
-                  static_cast<T *>(o), scratch);
+    RunItem<C>(it, a, q, static_cast<const C *>(kc), static_cast<const C *>(vc), o, scratch);
   });
 }
 
@@ -313,14 +311,14 @@ int Fail(const char *msg) {
   return 1;
 }
 
-// The query dtype T, then the caches' dtype.
-template <typename T>
-int RunCaches(ms_atb::DType cache, const Args &a, const std::vector<Item> &items, void **params, void *out) {
+// float32 queries and output; the caches in their own dtype.
+int RunCaches(ms_atb::DType cache, const Args &a, const std::vector<Item> &items, const float *q, void **params,
+              float *out) {
   switch (cache) {
-    case ms_atb::DType::kFloat32: Run<T, float>(a, items, params[0], params[1], params[2], out); return 0;
-    case ms_atb::DType::kFloat16: Run<T, ms_atb::Half>(a, items, params[0], params[1], params[2], out); return 0;
-    case ms_atb::DType::kBFloat16: Run<T, ms_atb::BFloat16>(a, items, params[0], params[1], params[2], out); return 0;
-    case ms_atb::DType::kInt8: Run<T, int8_t>(a, items, params[0], params[1], params[2], out); return 0;
+    case ms_atb::DType::kFloat32: Run<float>(a, items, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kFloat16: Run<ms_atb::Half>(a, items, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kBFloat16: Run<ms_atb::BFloat16>(a, items, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kInt8: Run<int8_t>(a, items, q, params[1], params[2], out); return 0;
     default: return Fail("caches must be float32, float16, bfloat16 or int8");
   }
 }
@@ -395,17 +393,27 @@ int Attend(int nparam, void **params, int *ndims, int64_t **shapes, const char *
   }
   std::stable_sort(items.begin(), items.end(), [](const Item &x, const Item &y) { return x.cost > y.cost; });
 
-  const size_t esize = dt == ms_atb::DType::kFloat32 ? 4 : 2;
-  char *out = static_cast<char *>(params[nparam - 1]);
-  const size_t row = static_cast<size_t>(a.H * a.D) * esize;
-  std::memset(out, 0, qsl[0] * row);
-  std::memset(out + qsl[B] * row, 0, (T - qsl[B]) * row);
-  switch (dt) {
-    case ms_atb::DType::kFloat32: return RunCaches<float>(cache, a, items, params, out);
-    case ms_atb::DType::kFloat16: return RunCaches<ms_atb::Half>(cache, a, items, params, out);
-    case ms_atb::DType::kBFloat16: return RunCaches<ms_atb::BFloat16>(cache, a, items, params, out);
-    default: return 1;  // checked above
+  // Queries and output are float32 inside; float16 and bfloat16 ones are converted on the way in and out.
+  const int64_t n = T * a.H * a.D;
+  const bool wide = dt == ms_atb::DType::kFloat32;
+  std::vector<float> q_buf, out_buf;
+  float *out = static_cast<float *>(params[nparam - 1]);
+  const float *q = static_cast<const float *>(params[0]);
+  if (wide) {
+    std::memset(out, 0, qsl[0] * a.H * a.D * sizeof(float));
+    std::memset(out + qsl[B] * a.H * a.D, 0, (T - qsl[B]) * a.H * a.D * sizeof(float));
+  } else {
+    q_buf.resize(n);
+    out_buf.assign(n, 0.0f);
+    auto convert = dt == ms_atb::DType::kFloat16 ? ms_atb::Convert<ms_atb::Half> : ms_atb::Convert<ms_atb::BFloat16>;
+    convert(params[0], q_buf.data(), n, false);
+    q = q_buf.data();
+    out = out_buf.data();
   }
+  const int status = RunCaches(cache, a, items, q, params, out);
+  if (!wide && status == 0)
+    (dt == ms_atb::DType::kFloat16 ? ms_atb::Convert<ms_atb::Half> : ms_atb::Convert<ms_atb::BFloat16>)(params[nparam - 1], out, n, true);
+  return status;
 }
 
 }  // namespace
