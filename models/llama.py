@@ -147,9 +147,9 @@ class RMSNorm(nn.Cell):
 
 
 class LlamaAttention(nn.Cell):
-    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py)."""
+    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py); quantized: int8 caches."""
 
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False):
         super().__init__()
         d = config.head_dim
         self.num_heads = num_heads_per_rank(config, tp_size)
@@ -167,12 +167,12 @@ class LlamaAttention(nn.Cell):
             self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
         self.rope = RotaryEmbedding(self.num_heads + self.num_kv_heads, d, dtype, device)
-        self.reshape_and_cache = ReshapeAndCache(device=device, backend=attention_backend)
+        self.reshape_and_cache = ReshapeAndCache(device=device, backend=attention_backend, quantized=quantized)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device,
-                                   backend=attention_backend)
+                                   backend=attention_backend, quantized=quantized)
 
     def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc, rows):
+                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
         t = x.shape[0]
         qkv = self.qkv_proj(x, rows)  # [T, q + 2 kv]
         if self.has_bias:
@@ -187,9 +187,11 @@ class LlamaAttention(nn.Cell):
         q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        written = self.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
+        written = self.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping, key_scale_cache,
+                                         value_scale_cache)
         q = ops.depend(q, written)
-        o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc)  # [T, H, D]
+        o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc, key_scale_cache,
+                      value_scale_cache)  # [T, H, D]
         return self.o_proj(o.reshape(t, self.q_size), rows)
 
 
@@ -208,17 +210,19 @@ class LlamaMLP(nn.Cell):
 
 
 class LlamaDecoderLayer(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None,
+                 quantized=False):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend)
+        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank)
 
     def construct(self, h, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc, rows):
+                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, perm, key_cache, value_cache,
-                               slot_mapping, block_tables, context_lens, query_start_loc, rows)
+                               slot_mapping, block_tables, context_lens, query_start_loc, rows,
+                               key_scale_cache, value_scale_cache)
         return h + self.mlp(self.post_attention_layernorm(h), rows)
 
 
@@ -228,15 +232,20 @@ class LlamaForCausalLM(nn.Cell):
     attention_backend: the KV-cache ops' backend for the device (ms_atb/ops/backends.py); None: its default."""
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
-                 device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None):
+                 device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None,
+                 cache_dtype=None):
+        """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype."""
         super().__init__()
+        cache_dtype = dtype if cache_dtype is None else cache_dtype
+        self.quantized = cache_dtype == ms.int8
         assert config.num_attention_heads % tp_size == 0, "the engine checks tensor_parallel_size (validate_tp)"
         self.config, self.dtype = config, dtype
         self.tp_size, self.tp_rank = tp_size, tp_rank
         h, v = config.hidden_size, config.vocab_size
         self.embed_tokens = ms.Parameter(initializer("zeros", (v, h), dtype),
                                          name="embed_tokens")  # [V, hidden]
-        self.layers = nn.CellList([LlamaDecoderLayer(config, dtype, device, tp_size, tp_rank, attention_backend)
+        self.layers = nn.CellList([LlamaDecoderLayer(config, dtype, device, tp_size, tp_rank, attention_backend,
+                                                     self.quantized)
                                    for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
         # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
@@ -247,12 +256,16 @@ class LlamaForCausalLM(nn.Cell):
         self.perm = ms.Tensor(perm)  # [D]
         kvh = num_kv_heads_per_rank(config, tp_size)
         shape = (num_blocks, block_size, kvh, config.head_dim)
-        self.key_caches = ms.ParameterTuple(
-            ms.Parameter(ms.Tensor(np.zeros(shape, np.float32), dtype), name=f"key_cache.{i}",
-                         requires_grad=False) for i in range(config.num_hidden_layers))
-        self.value_caches = ms.ParameterTuple(
-            ms.Parameter(ms.Tensor(np.zeros(shape, np.float32), dtype), name=f"value_cache.{i}",
-                         requires_grad=False) for i in range(config.num_hidden_layers))
+
+        def caches(name, shape, dtype):
+            zeros = np.zeros(shape, np.int8 if dtype == ms.int8 else np.float32)
+            return ms.ParameterTuple(ms.Parameter(ms.Tensor(zeros, dtype), name=f"{name}.{i}", requires_grad=False)
+                                     for i in range(config.num_hidden_layers))
+        self.key_caches = caches("key_cache", shape, cache_dtype)  # per layer [NB, BS, KVH, D]
+        self.value_caches = caches("value_cache", shape, cache_dtype)
+        # int8: one scale per slot and KV head, indexed by the values' slot, so it moves with its block.
+        self.key_scale_caches = caches("key_scale_cache", shape[:3], ms.float32) if self.quantized else None
+        self.value_scale_caches = caches("value_scale_cache", shape[:3], ms.float32) if self.quantized else None
 
     def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
         """The last decoder layer's output [T, hidden] (before the final norm); writes the KV cache."""
@@ -262,8 +275,13 @@ class LlamaForCausalLM(nn.Cell):
         # Tokens past query_start_loc[-1] are bucket padding: the linears skip them (zero rows).
         rows = query_start_loc[-1:]  # int32 [1]
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
-                      block_tables, context_lens, query_start_loc, rows)
+            if self.quantized:  # [NB, BS, KVH] float32 each
+                h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
+                          block_tables, context_lens, query_start_loc, rows, self.key_scale_caches[i],
+                          self.value_scale_caches[i])
+            else:
+                h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
+                          block_tables, context_lens, query_start_loc, rows)
         return h
 
     def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):

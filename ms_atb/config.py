@@ -25,6 +25,7 @@ DEVICES = ("cpu", "npu", "npu:N")          # npu: the device msrun or DEVICE_ID 
 DEVICE_BACKENDS = {"cpu": ("auto", "cpu", "ascendc"), "npu": ("auto", "ms_atb", "mindspore")}
 ATTENTION_BACKENDS = ("auto", "ms_atb", "mindspore", "cpu", "ascendc")
 DTYPES = ("float32", "float16", "bfloat16")
+CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8")   # auto: the model's dtype
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}
@@ -46,6 +47,7 @@ class KVCacheSection:
     enable_prefix_caching: bool = True
     allocation: str = "contiguous"
     attention_backend: str = "auto"         # see ATTENTION_BACKENDS
+    cache_dtype: str = "auto"               # KV storage, independent of model.dtype: the kernels convert
 
 
 @dataclass
@@ -163,6 +165,10 @@ class EngineConfig:
         if kv.attention_backend == "ascendc" and m.dtype == "float32":
             raise ValueError("kv_cache.attention_backend 'ascendc' runs float16 and bfloat16 caches: set model.dtype "
                              "float16, or use attention_backend 'cpu' for float32")
+        _choice("kv_cache.cache_dtype", kv.cache_dtype, CACHE_DTYPES)
+        if self.context.device == "npu" and kv.cache_dtype not in ("auto", m.dtype):
+            raise ValueError(f"kv_cache.cache_dtype {kv.cache_dtype!r} runs on the CPU only; on 'npu' the cache "
+                             f"takes model.dtype: use 'auto'")
         if self.context.device == "cpu" and m.dtype == "bfloat16":
             raise ValueError("model.dtype bfloat16 does not run on the CPU; use float32 (or float16)")
         if m.max_model_len is not None and m.max_model_len < 1:

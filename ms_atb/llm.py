@@ -73,15 +73,17 @@ class LLM:
                              f"{window}; set max_model_len <= {window}")
         kv = cfg.kv_cache
         self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size,
-                                                           cfg.model.dtype, tp)
+                                                           cfg.model.dtype, tp, kv.cache_dtype)
         if kv.num_blocks == "auto":
             budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
             self.num_blocks = budget // self.kv_bytes_per_block
             if self.num_blocks < 1:
                 raise ValueError(f"kv_cache.memory_budget {kv.memory_budget} holds no block of "
                                  f"{self.kv_bytes_per_block} bytes")
-            self._log(f"KV cache: memory_budget {budget} bytes / {self.kv_bytes_per_block} bytes per "
-                      f"block of {kv.block_size} tokens = {self.num_blocks} blocks")
+            dtype = self.cache_dtype
+            self._log(f"KV cache ({dtype}{' + float32 scales' if dtype == 'int8' else ''}): memory_budget "
+                      f"{budget} bytes / {self.kv_bytes_per_block} bytes per block of {kv.block_size} tokens = "
+                      f"{self.num_blocks} blocks ({self.num_blocks * kv.block_size} tokens)")
         else:
             self.num_blocks = kv.num_blocks
         if cfg.context.device == "cpu":
@@ -264,6 +266,8 @@ class LLM:
             "peak_running": s["peak_running"],
             "num_blocks": self.num_blocks,
             "block_size": self.config.kv_cache.block_size,
+            "cache_dtype": self.cache_dtype,
+            "bytes_per_block": self.kv_bytes_per_block,
             "num_computed_tokens": s["num_computed_prompt_tokens"],
         }
         out.update(tokens_per_s=0.0, num_output_tokens=0, elapsed_s=0.0, num_deduplicated=0)   # before any run
@@ -276,6 +280,12 @@ class LLM:
         Under "prefix" a run also computes once the requests that are exact duplicates (engine_loop.py)."""
         policy = self.config.scheduler.policy
         return self.default_policy if policy == "auto" else policy
+
+    @property
+    def cache_dtype(self) -> str:
+        """The KV cache's storage dtype, "auto" resolved to the model's."""
+        kv = self.config.kv_cache
+        return self.config.model.dtype if kv.cache_dtype == "auto" else kv.cache_dtype
 
     def new_scheduler(self) -> Scheduler:
         """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""

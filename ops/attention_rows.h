@@ -1,6 +1,6 @@
-// Row primitives of the paged-attention kernel's decode path: K/V rows of one cache block as
-// float32, dot products of a query with them, and the P.V accumulation. AVX-512, AVX2 or portable,
-// whichever the compiler targets.
+// Row primitives of the paged-attention kernel: K/V rows of cache blocks as float32 (converted from
+// float16, bfloat16 or scaled int8 as they are read), dot products of a query with them, and the P.V
+// accumulation. AVX-512, AVX2 or portable, whichever the compiler targets.
 #ifndef MS_ATB_OPS_ATTENTION_ROWS_H_
 #define MS_ATB_OPS_ATTENTION_ROWS_H_
 
@@ -15,16 +15,76 @@
 
 namespace ms_atb {
 
-template <typename T>
-inline const float *Rows(const T *src, int64_t n, int64_t stride, int64_t D, std::vector<float> &buf, int64_t *out_stride) {
+// dst[:D] = float32 of one cache row; an int8 row is multiplied by its scale (value = q * scale), a float
+// row ignores `scale`. The conversion runs as the row is read: AVX-512, AVX2 or portable.
+inline void RowToFloat(const float *src, float, int64_t D, float *dst) {
+  for (int64_t d = 0; d < D; ++d) dst[d] = src[d];
+}
+
+inline void RowToFloat(const Half *src, float, int64_t D, float *dst) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  for (; d + 16 <= D; d += 16)
+    _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + d))));
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+  for (; d + 8 <= D; d += 8)
+    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + d))));
+#endif
+  for (; d < D; ++d) dst[d] = ToFloat(src[d]);
+}
+
+inline void RowToFloat(const BFloat16 *src, float, int64_t D, float *dst) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  for (; d + 16 <= D; d += 16) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + d)));
+    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+  }
+#endif
+#if defined(__AVX2__)
+  for (; d + 8 <= D; d += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + d)));
+    _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+#endif
+  for (; d < D; ++d) dst[d] = ToFloat(src[d]);
+}
+
+inline void RowToFloat(const int8_t *src, float scale, int64_t D, float *dst) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const __m512 s16 = _mm512_set1_ps(scale);
+  for (; d + 16 <= D; d += 16) {
+    const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + d)));
+    _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_cvtepi32_ps(w), s16));
+  }
+#endif
+#if defined(__AVX2__)
+  const __m256 s8 = _mm256_set1_ps(scale);
+  for (; d + 8 <= D; d += 8) {
+    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(src + d)));
+    _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_cvtepi32_ps(w), s8));
+  }
+#endif
+  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+}
+
+// The n cache rows src[t * stride : t * stride + D] as float32 rows of stride *out_stride: read in place
+// when they are float32, else converted into buf. scales: one per row, scales[t * scale_stride] (int8
+// caches), or null.
+template <typename C>
+inline const float *Rows(const C *src, const float *scales, int64_t scale_stride, int64_t n, int64_t stride,
+                         int64_t D, std::vector<float> &buf, int64_t *out_stride) {
   if (buf.size() < static_cast<size_t>(n * D)) buf.resize(n * D);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t d = 0; d < D; ++d) buf[t * D + d] = ms_atb::ToFloat(src[t * stride + d]);
+    RowToFloat(src + t * stride, scales ? scales[t * scale_stride] : 1.0f, D, buf.data() + t * D);
   *out_stride = D;
   return buf.data();
 }
 
-inline const float *Rows(const float *src, int64_t, int64_t stride, int64_t, std::vector<float> &, int64_t *out_stride) {
+inline const float *Rows(const float *src, const float *, int64_t, int64_t, int64_t stride, int64_t,
+                         std::vector<float> &, int64_t *out_stride) {
   *out_stride = stride;
   return src;
 }

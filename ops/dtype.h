@@ -1,4 +1,5 @@
-// Element types of the kernels: float32, float16 and bfloat16, converted to float32 for compute.
+// Element types of the kernels: float32, float16 and bfloat16, converted to float32 for compute, and int8
+// (KV-cache storage only, with a float32 scale per token and KV head: value = q * scale).
 #ifndef MS_ATB_OPS_DTYPE_H_
 #define MS_ATB_OPS_DTYPE_H_
 
@@ -14,12 +15,13 @@ namespace ms_atb {
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };
 
-enum class DType { kFloat32, kFloat16, kBFloat16, kInt32, kOther };
+enum class DType { kFloat32, kFloat16, kBFloat16, kInt8, kInt32, kOther };
 
 inline DType ParseDType(const char *name) {
   if (std::strcmp(name, "float32") == 0) return DType::kFloat32;
   if (std::strcmp(name, "float16") == 0) return DType::kFloat16;
   if (std::strcmp(name, "bfloat16") == 0) return DType::kBFloat16;
+  if (std::strcmp(name, "int8") == 0) return DType::kInt8;
   if (std::strcmp(name, "int32") == 0) return DType::kInt32;
   return DType::kOther;
 }
@@ -87,6 +89,17 @@ template <> inline Half FromFloat<Half>(float x) {
   if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
   return Half{static_cast<uint16_t>(half)};
 #endif
+}
+
+// n values of a float16 or bfloat16 tensor to float32 (to = true: back, rounded).
+template <typename T>
+void Convert(void *narrow, float *wide, int64_t n, bool to) {
+  T *x = static_cast<T *>(narrow);
+  if (to) {
+    for (int64_t i = 0; i < n; ++i) x[i] = FromFloat<T>(wide[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) wide[i] = ToFloat(x[i]);
+  }
 }
 
 }  // namespace ms_atb

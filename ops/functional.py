@@ -7,6 +7,9 @@
 backend: None (the device's default), or one of ops/backends.py's for the device ("cpu" or "ascendc" on
 the CPU, "ms_atb" or "mindspore" on Ascend).
 
+The caches' dtype is independent of the tokens' (float32, float16, bfloat16, or int8 with key_scale_cache and
+value_scale_cache [NB, BS, KVH] float32, passed as the last two arguments of both).
+
 The model's graphs use the Cells (ReshapeAndCache, PagedAttention) directly. These wrappers check every
 argument on the host first, so a bad call is a ValueError naming the argument instead of a kernel error
 code (which in graph mode would also leave that compiled graph unusable), then run a cached Cell.
@@ -24,32 +27,37 @@ from ms_atb.ops.paged_attention import PagedAttention
 from ms_atb.ops.reshape_and_cache import ReshapeAndCache
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, backend=None):
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, key_scale_cache=None,
+                      value_scale_cache=None, backend=None):
     """key, value [T, KVH, D]; key_cache, value_cache [NB, BS, KVH, D] (whole tensors: written in place);
-    slot_mapping [T] int32, slot = block_id * BS + offset, negative = skip. Returns the op's done flag."""
+    slot_mapping [T] int32, slot = block_id * BS + offset, negative = skip. Returns the op's done flag.
+    int8 caches: key_scale_cache, value_scale_cache [NB, BS, KVH] float32, written in place too."""
     backend = resolve_backend(_device(), backend)
     t, kvh, d = _shape("key", key, 3)
     _ascendc_operand(backend, "key", key, d)
     _same("value", value, "key", key)
-    nb, bs = _cache_shape(key_cache, value_cache, kvh, d, key)
+    nb, bs = _cache_shape(key_cache, value_cache, kvh, d, key_scale_cache, value_scale_cache)
     slots = _ints("slot_mapping", slot_mapping, (t,))
     if slots.size and slots.max() >= nb * bs:
         raise ValueError(f"slot_mapping holds {slots.max()}, past the cache's {nb * bs} slots (NB {nb} x BS {bs})")
-    return _reshape_and_cache_cell(_device(), backend)(key, value, key_cache, value_cache, slot_mapping)
+    cell = _reshape_and_cache_cell(_device(), backend, key_cache.dtype == ms.int8)
+    if cell.quantized:
+        return cell(key, value, key_cache, value_cache, slot_mapping, key_scale_cache, value_scale_cache)
+    return cell(key, value, key_cache, value_cache, slot_mapping)
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale,
-                    backend=None):
+                    key_scale_cache=None, value_scale_cache=None, backend=None):
     """query [T, H, D] -> [T, H, D]; sequence b owns query rows query_start_loc[b]:query_start_loc[b+1],
     the last tokens of its context_lens[b] tokens; causal; GQA when H > KVH. Rows owned by no sequence
-    come out zero."""
+    come out zero. int8 caches: key_scale_cache, value_scale_cache [NB, BS, KVH] float32."""
     backend = resolve_backend(_device(), backend)
     t, h, d = _shape("query", query, 3)
     _ascendc_operand(backend, "query", query, d)
-    kvh = _shape("key_cache", key_cache, 4)[2]
+    kvh = _shape("key_cache", key_cache, 4, cache=True)[2]
     if h % kvh:
         raise ValueError(f"query's {h} heads must be a multiple of the caches' {kvh} KV heads")
-    nb, bs = _cache_shape(key_cache, value_cache, kvh, d, query)
+    nb, bs = _cache_shape(key_cache, value_cache, kvh, d, key_scale_cache, value_scale_cache)
     tables = _ints("block_tables", block_tables, None, ndim=2)
     b, max_blocks = tables.shape
     lens = _ints("context_lens", context_lens, (b,))
@@ -69,7 +77,10 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, q
                              f", outside the cache's {nb} blocks")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
-    cell = _paged_attention_cell(h, kvh, d, float(scale), _device(), backend)
+    cell = _paged_attention_cell(h, kvh, d, float(scale), _device(), backend, key_cache.dtype == ms.int8)
+    if cell.quantized:
+        return cell(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, key_scale_cache,
+                    value_scale_cache)
     return cell(query, key_cache, value_cache, block_tables, context_lens, query_start_loc)
 
 
@@ -117,13 +128,14 @@ def ascendc_tiling(op: str, **shape) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _reshape_and_cache_cell(device: str, backend: str) -> ReshapeAndCache:
-    return ReshapeAndCache(device=device, backend=backend)
+def _reshape_and_cache_cell(device: str, backend: str, quantized: bool) -> ReshapeAndCache:
+    return ReshapeAndCache(device=device, backend=backend, quantized=quantized)
 
 
 @functools.lru_cache(maxsize=64)
-def _paged_attention_cell(h: int, kvh: int, d: int, scale: float, device: str, backend: str) -> PagedAttention:
-    return PagedAttention(h, kvh, d, scale, device=device, backend=backend)
+def _paged_attention_cell(h: int, kvh: int, d: int, scale: float, device: str, backend: str,
+                          quantized: bool) -> PagedAttention:
+    return PagedAttention(h, kvh, d, scale, device=device, backend=backend, quantized=quantized)
 
 
 def _device() -> str:
@@ -140,28 +152,36 @@ def _ascendc_operand(backend: str, name: str, x, head_dim: int) -> None:
                          f"got {head_dim}")
 
 
-def _shape(name: str, x, ndim: int) -> tuple:
+def _shape(name: str, x, ndim: int, cache: bool = False) -> tuple:
     if not isinstance(x, ms.Tensor):
         raise ValueError(f"{name} must be a mindspore Tensor, got {type(x).__name__}")
     if x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if x.dtype not in (ms.float32, ms.float16, ms.bfloat16):
-        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+    allowed = (ms.float32, ms.float16, ms.bfloat16) + ((ms.int8,) if cache else ())
+    if x.dtype not in allowed:
+        raise ValueError(f"{name} must be float32, float16{', bfloat16 or int8' if cache else ' or bfloat16'}, "
+                         f"got {x.dtype}")
     return tuple(x.shape)
 
 
-def _same(name: str, x, like_name: str, like) -> None:
-    if _shape(name, x, like.ndim) != tuple(like.shape) or x.dtype != like.dtype:
+def _same(name: str, x, like_name: str, like, cache: bool = False) -> None:
+    if _shape(name, x, like.ndim, cache) != tuple(like.shape) or x.dtype != like.dtype:
         raise ValueError(f"{name} {tuple(x.shape)} {x.dtype} must match {like_name} {tuple(like.shape)} {like.dtype}")
 
 
-def _cache_shape(key_cache, value_cache, kvh: int, d: int, rows) -> tuple[int, int]:
-    nb, bs, cache_kvh, cache_d = _shape("key_cache", key_cache, 4)
-    _same("value_cache", value_cache, "key_cache", key_cache)
+def _cache_shape(key_cache, value_cache, kvh: int, d: int, key_scales, value_scales) -> tuple[int, int]:
+    nb, bs, cache_kvh, cache_d = _shape("key_cache", key_cache, 4, cache=True)
+    _same("value_cache", value_cache, "key_cache", key_cache, cache=True)
     if (cache_kvh, cache_d) != (kvh, d):
         raise ValueError(f"the caches hold {cache_kvh} KV heads of {cache_d}, the tokens {kvh} of {d}")
-    if key_cache.dtype != rows.dtype:
-        raise ValueError(f"the caches are {key_cache.dtype}, the tokens {rows.dtype}: they must match")
+    if key_cache.dtype != ms.int8:
+        if key_scales is not None or value_scales is not None:
+            raise ValueError(f"key_scale_cache and value_scale_cache go with int8 caches, not {key_cache.dtype}")
+        return nb, bs
+    for name, x in (("key_scale_cache", key_scales), ("value_scale_cache", value_scales)):
+        if not isinstance(x, ms.Tensor) or x.dtype != ms.float32 or tuple(x.shape) != (nb, bs, kvh):
+            got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, ms.Tensor) else type(x).__name__
+            raise ValueError(f"int8 caches need {name}, a float32 Tensor [NB, BS, KVH] = {(nb, bs, kvh)}, got {got}")
     return nb, bs
 
 

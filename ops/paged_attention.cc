@@ -2,6 +2,10 @@
 // tokens and prefill chunks over cached prefixes alike, with GQA.
 //   query [T, H, D]; key_cache, value_cache [NB, BS, KVH, D]; block_tables [B, MAXB] int32;
 //   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32 -> out [T, H, D].
+// PagedAttentionQuant takes two more inputs after scale, for int8 caches: key_scale_cache,
+// value_scale_cache [NB, BS, KVH] float32 (cached value = int8 value * its token and head's scale).
+// query and out share one dtype (float32, float16, bfloat16; computed in float32); the caches may be any
+// of those or int8: their rows are converted to float32 as they are read.
 // Sequence b owns query rows query_start_loc[b]:query_start_loc[b+1], the last tokens of its
 // context_lens[b] tokens. Rows owned by no sequence are zero.
 // Work item = (sequence, tile of up to kQueryTile queries, kv heads): all query heads of a kv head
@@ -40,8 +44,14 @@ struct Item {
 struct Args {
   int64_t H, KVH, D, BS, MAXB;
   const int32_t *block_tables, *context_lens, *query_start_loc;
+  const float *key_scales, *value_scales;  // [NB, BS, KVH] for int8 caches; null otherwise
   float scale;
 };
+
+// The scales of the KVH-strided rows that start at cache element offset `offset` (a multiple of D), or null.
+inline const float *ScalesAt(const float *scales, int64_t offset, int64_t D) {
+  return scales ? scales + offset / D : nullptr;
+}
 
 struct Scratch {
   std::vector<float> q, acc, scores, m, l, k, v;
@@ -51,8 +61,8 @@ struct Scratch {
 
 // Rows are (kv head g, query i, head h of the group); each kv head's K/V rows of a block are
 // read once for all of its rows.
-template <typename T>
-void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, const T *value_cache, T *out,
+template <typename C>
+void RunItem(const Item &it, const Args &a, const float *query, const C *key_cache, const C *value_cache, float *out,
              Scratch &s) {
   const int64_t G = a.H / a.KVH, D = a.D, BS = a.BS;
   const int64_t nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
@@ -73,9 +83,9 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
   for (int64_t g = 0; g < ng; ++g)
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t h = 0; h < G; ++h) {
-        const T *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        const float *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
         float *dst = s.q.data() + ((g * nq + i) * G + h) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::ToFloat(src[d]) * a.scale;
+        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
       }
   const int32_t *table = a.block_tables + it.seq * a.MAXB;
   const int64_t nblocks = last_pos / BS + 1;
@@ -86,7 +96,7 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
     if (j + 1 < nblocks) {  // the next block is elsewhere in memory: start loading it now
       const int64_t next = (static_cast<int64_t>(table[j + 1]) * BS * a.KVH + it.kv_begin) * D;
       for (int64_t t = 0; t < BS; ++t)
-        for (int64_t e = 0; e < ng * D; e += 64 / static_cast<int64_t>(sizeof(T))) {
+        for (int64_t e = 0; e < ng * D; e += 64 / static_cast<int64_t>(sizeof(C))) {
           __builtin_prefetch(key_cache + next + t * kv_stride + e);
           __builtin_prefetch(value_cache + next + t * kv_stride + e);
         }
@@ -94,8 +104,9 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t offset = (static_cast<int64_t>(table[j]) * BS * a.KVH + it.kv_begin + g) * D;
       int64_t ks, vs;
-      const float *k = Rows(key_cache + offset, ntok, kv_stride, D, s.k, &ks);
-      const float *v = Rows(value_cache + offset, ntok, kv_stride, D, s.v, &vs);
+      const float *k = Rows(key_cache + offset, ScalesAt(a.key_scales, offset, D), a.KVH, ntok, kv_stride, D, s.k, &ks);
+      const float *v =
+          Rows(value_cache + offset, ScalesAt(a.value_scales, offset, D), a.KVH, ntok, kv_stride, D, s.v, &vs);
       for (int64_t rr = 0; rr < RG; ++rr) {
         const int64_t cnt = s.valid[rr], r = g * RG + rr;
         if (cnt <= 0) continue;
@@ -128,27 +139,27 @@ void RunItem(const Item &it, const Args &a, const T *query, const T *key_cache, 
       for (int64_t h = 0; h < G; ++h) {
         const int64_t r = (g * nq + i) * G + h;
         const float inv = 1.0f / s.l[r];
-        T *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::FromFloat<T>(s.acc[r * D + d] * inv);
+        float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = s.acc[r * D + d] * inv;
       }
 }
 
 // The K or V rows [ntok, D] of kv head `head` in blocks j0.. of a table, as float32 rows of stride
 // *stride: read in place when they are float32 and the blocks are consecutive (`consecutive`: a
-// contiguous table), else gathered into buf.
-template <typename T>
-const float *SpanRows(const T *cache, const int32_t *table, int64_t j0, int64_t ntok, bool consecutive, int64_t head,
-                      const Args &a, std::vector<float> &buf, int64_t *stride) {
+// contiguous table), else gathered into buf (converted; int8 rows times their `scales`, or null).
+template <typename C>
+const float *SpanRows(const C *cache, const float *scales, const int32_t *table, int64_t j0, int64_t ntok,
+                      bool consecutive, int64_t head, const Args &a, std::vector<float> &buf, int64_t *stride) {
   const int64_t BS = a.BS, D = a.D, kv_stride = a.KVH * D;
-  const T *first = cache + (static_cast<int64_t>(table[j0]) * BS * a.KVH + head) * D;
-  if (std::is_same<T, float>::value && consecutive) {
+  const C *first = cache + (static_cast<int64_t>(table[j0]) * BS * a.KVH + head) * D;
+  if (std::is_same<C, float>::value && consecutive) {
     *stride = kv_stride;
     return reinterpret_cast<const float *>(first);
   }
   if (buf.size() < static_cast<size_t>(ntok * D)) buf.resize(ntok * D);
   for (int64_t t = 0; t < ntok; ++t) {
-    const T *src = cache + ((static_cast<int64_t>(table[j0 + t / BS]) * BS + t % BS) * a.KVH + head) * D;
-    for (int64_t d = 0; d < D; ++d) buf[t * D + d] = ms_atb::ToFloat(src[d]);
+    const int64_t row = (static_cast<int64_t>(table[j0 + t / BS]) * BS + t % BS) * a.KVH + head;
+    ms_atb::RowToFloat(cache + row * D, scales ? scales[row] : 1.0f, D, buf.data() + t * D);
   }
   *stride = D;
   return buf.data();
@@ -158,9 +169,9 @@ const float *SpanRows(const T *cache, const int32_t *table, int64_t j0, int64_t 
 // kSpanTokens tokens, with one online-softmax update per span. S^T [ntok, RP] = K [ntok, D] @ Q^T
 // (queries packed once per item as 16-column panels [RP / 16, D, 16]), a softmax vectorised over
 // rows, then acc [RG, D] += P [RG, ntok] @ V [ntok, D], P read from S^T.
-template <typename T>
-void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_cache, const T *value_cache, T *out,
-                  Scratch &s) {
+template <typename C>
+void RunItemTiled(const Item &it, const Args &a, const float *query, const C *key_cache, const C *value_cache,
+                  float *out, Scratch &s) {
   constexpr int64_t kPanel = ms_atb::kTileCols;
   const int64_t G = a.H / a.KVH, D = a.D, BS = a.BS;
   const int64_t nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
@@ -185,9 +196,9 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t h = 0; h < G; ++h) {
         const int64_t r = i * G + h;
-        const T *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        const float *src = query + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
         float *dst = s.q.data() + g * RP * D + (r / kPanel) * D * kPanel + r % kPanel;
-        for (int64_t d = 0; d < D; ++d) dst[d * kPanel] = ms_atb::ToFloat(src[d]) * a.scale;
+        for (int64_t d = 0; d < D; ++d) dst[d * kPanel] = src[d] * a.scale;
       }
   const int32_t *table = a.block_tables + it.seq * a.MAXB;
   const int64_t nblocks = last_pos / BS + 1;
@@ -206,8 +217,9 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
       valid[r] = r < RG ? static_cast<float>(std::min(ntok, first_pos + r / G - base + 1)) : 0.0f;
     for (int64_t g = 0; g < ng; ++g) {
       int64_t ks, vs;
-      const float *k = SpanRows(key_cache, table, j0, ntok, consecutive, it.kv_begin + g, a, s.k, &ks);
-      const float *v = SpanRows(value_cache, table, j0, ntok, consecutive, it.kv_begin + g, a, s.v, &vs);
+      const float *k = SpanRows(key_cache, a.key_scales, table, j0, ntok, consecutive, it.kv_begin + g, a, s.k, &ks);
+      const float *v =
+          SpanRows(value_cache, a.value_scales, table, j0, ntok, consecutive, it.kv_begin + g, a, s.v, &vs);
       float *m = s.m.data() + g * RP, *l = s.l.data() + g * RP, *acc = s.acc.data() + g * RP * D;
       ms_atb::PanelProduct(ntok, k, ks, s.q.data() + g * RP * D, D * kPanel, RP / kPanel, D, st, RP, false);
 #pragma omp simd
@@ -276,23 +288,21 @@ void RunItemTiled(const Item &it, const Args &a, const T *query, const T *key_ca
         const int64_t r = i * G + h;
         const float inv = 1.0f / s.l[g * RP + r];
         const float *src = s.acc.data() + (g * RP + r) * D;
-        T *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = ms_atb::FromFloat<T>(src[d] * inv);
+        float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
       }
 }
 
-template <typename T>
-void Run(const Args &a, const std::vector<Item> &items, const void *q, const void *kc, const void *vc, void *o) {
+template <typename C>
+void Run(const Args &a, const std::vector<Item> &items, const float *q, const void *kc, const void *vc, float *o) {
   ms_atb::ThreadPool::Get().Run(static_cast<int64_t>(items.size()), [&](int64_t i) {
     thread_local Scratch scratch;
     const Item &it = items[i];
     if ((it.q_end - it.q_begin) * (a.H / a.KVH) >= kTiledRows && a.D % ms_atb::kTileCols == 0) {
-      RunItemTiled<T>(it, a, static_cast<const T *>(q), static_cast<const T *>(kc), static_cast<const T *>(vc),
-                      static_cast<T *>(o), scratch);
+      RunItemTiled<C>(it, a, q, static_cast<const C *>(kc), static_cast<const C *>(vc), o, scratch);
       return;
     }
-    RunItem<T>(items[i], a, static_cast<const T *>(q), static_cast<const T *>(kc), static_cast<const T *>(vc),
-               static_cast<T *>(o), scratch);
+    RunItem<C>(it, a, q, static_cast<const C *>(kc), static_cast<const C *>(vc), o, scratch);
   });
 }
 
@@ -301,16 +311,21 @@ int Fail(const char *msg) {
   return 1;
 }
 
-}  // namespace
-
-extern "C" std::vector<int64_t> PagedAttentionInferShape(int *ndims, int64_t **shapes, void *extra) {
-  return {shapes[0][0], shapes[0][1], shapes[0][2]};
+// float32 queries and output; the caches in their own dtype.
+int RunCaches(ms_atb::DType cache, const Args &a, const std::vector<Item> &items, const float *q, void **params,
+              float *out) {
+  switch (cache) {
+    case ms_atb::DType::kFloat32: Run<float>(a, items, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kFloat16: Run<ms_atb::Half>(a, items, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kBFloat16: Run<ms_atb::BFloat16>(a, items, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kInt8: Run<int8_t>(a, items, q, params[1], params[2], out); return 0;
+    default: return Fail("caches must be float32, float16, bfloat16 or int8");
+  }
 }
 
-extern "C" int PagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                              void *stream, void *extra) {
-  ms_atb::KernelScope profile_scope("PagedAttention");
-  if (nparam != 8) return Fail("expected 7 inputs and 1 output");
+// Both entry points: `quant` takes key_scale_cache and value_scale_cache after scale.
+int Attend(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool quant) {
+  if (nparam != (quant ? 10 : 8)) return Fail(quant ? "expected 9 inputs and 1 output" : "expected 7 inputs and 1 output");
   if (ndims[0] != 3 || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 2 || ndims[4] != 1 || ndims[5] != 1)
     return Fail("expected query [T, H, D], caches [NB, BS, KVH, D], block_tables [B, MAXB], "
                 "context_lens [B], query_start_loc [B + 1]");
@@ -328,17 +343,28 @@ extern "C" int PagedAttention(int nparam, void **params, int *ndims, int64_t **s
   if (shapes[1][3] != a.D) return Fail("cache head_dim differs from the query's");
   if (a.KVH <= 0 || a.H % a.KVH != 0) return Fail("num_heads must be a multiple of num_kv_heads");
   if (shapes[4][0] != B || shapes[5][0] != B + 1) return Fail("need context_lens [B] and query_start_loc [B + 1]");
-  ms_atb::DType dt = ms_atb::ParseDType(dtypes[0]);
-  for (int i = 1; i < 3; ++i)
-    if (ms_atb::ParseDType(dtypes[i]) != dt) return Fail("query and caches must share one dtype");
+  const ms_atb::DType dt = ms_atb::ParseDType(dtypes[0]), cache = ms_atb::ParseDType(dtypes[1]);
+  if (dt != ms_atb::DType::kFloat32 && dt != ms_atb::DType::kFloat16 && dt != ms_atb::DType::kBFloat16)
+    return Fail("query must be float32, float16 or bfloat16");
+  if (ms_atb::ParseDType(dtypes[2]) != cache) return Fail("key_cache and value_cache must share one dtype");
+  if ((cache == ms_atb::DType::kInt8) != quant)
+    return Fail(quant ? "PagedAttentionQuant takes int8 caches" : "int8 caches need their scales (PagedAttentionQuant)");
   for (int i = 3; i < 6; ++i)
     if (ms_atb::ParseDType(dtypes[i]) != ms_atb::DType::kInt32) return Fail("index inputs must be int32");
   if (ms_atb::ParseDType(dtypes[6]) != ms_atb::DType::kFloat32 || shapes[6][0] != 1) return Fail("scale must be float32 [1]");
+  a.key_scales = a.value_scales = nullptr;
+  if (quant) {
+    for (int i = 7; i < 9; ++i)
+      if (ndims[i] != 3 || shapes[i][0] != NB || shapes[i][1] != a.BS || shapes[i][2] != a.KVH ||
+          ms_atb::ParseDType(dtypes[i]) != ms_atb::DType::kFloat32)
+        return Fail("key_scale_cache and value_scale_cache must be float32 [NB, BS, KVH]");
+    a.key_scales = static_cast<const float *>(params[7]);
+    a.value_scales = static_cast<const float *>(params[8]);
+  }
   a.block_tables = static_cast<const int32_t *>(params[3]);
   a.context_lens = static_cast<const int32_t *>(params[4]);
   a.query_start_loc = static_cast<const int32_t *>(params[5]);
   a.scale = *static_cast<const float *>(params[6]);
-
   const int32_t *qsl = a.query_start_loc;
   if (qsl[0] < 0 || qsl[B] > T) return Fail("query_start_loc out of [0, T]");
   std::vector<Item> items;
@@ -367,16 +393,47 @@ extern "C" int PagedAttention(int nparam, void **params, int *ndims, int64_t **s
   }
   std::stable_sort(items.begin(), items.end(), [](const Item &x, const Item &y) { return x.cost > y.cost; });
 
-  const size_t esize = dt == ms_atb::DType::kFloat32 ? 4 : 2;
-  char *out = static_cast<char *>(params[7]);
-  const size_t row = static_cast<size_t>(a.H * a.D) * esize;
-  std::memset(out, 0, qsl[0] * row);
-  std::memset(out + qsl[B] * row, 0, (T - qsl[B]) * row);
-  switch (dt) {
-    case ms_atb::DType::kFloat32: Run<float>(a, items, params[0], params[1], params[2], out); break;
-    case ms_atb::DType::kFloat16: Run<ms_atb::Half>(a, items, params[0], params[1], params[2], out); break;
-    case ms_atb::DType::kBFloat16: Run<ms_atb::BFloat16>(a, items, params[0], params[1], params[2], out); break;
-    default: return Fail("dtype must be float32, float16 or bfloat16");
+  // Queries and output are float32 inside; float16 and bfloat16 ones are converted on the way in and out.
+  const int64_t n = T * a.H * a.D;
+  const bool wide = dt == ms_atb::DType::kFloat32;
+  std::vector<float> q_buf, out_buf;
+  float *out = static_cast<float *>(params[nparam - 1]);
+  const float *q = static_cast<const float *>(params[0]);
+  if (wide) {
+    std::memset(out, 0, qsl[0] * a.H * a.D * sizeof(float));
+    std::memset(out + qsl[B] * a.H * a.D, 0, (T - qsl[B]) * a.H * a.D * sizeof(float));
+  } else {
+    q_buf.resize(n);
+    out_buf.assign(n, 0.0f);
+    auto convert = dt == ms_atb::DType::kFloat16 ? ms_atb::Convert<ms_atb::Half> : ms_atb::Convert<ms_atb::BFloat16>;
+    convert(params[0], q_buf.data(), n, false);
+    q = q_buf.data();
+    out = out_buf.data();
   }
-  return 0;
+  const int status = RunCaches(cache, a, items, q, params, out);
+  if (!wide && status == 0)
+    (dt == ms_atb::DType::kFloat16 ? ms_atb::Convert<ms_atb::Half> : ms_atb::Convert<ms_atb::BFloat16>)(params[nparam - 1], out, n, true);
+  return status;
+}
+
+}  // namespace
+
+extern "C" std::vector<int64_t> PagedAttentionInferShape(int *ndims, int64_t **shapes, void *extra) {
+  return {shapes[0][0], shapes[0][1], shapes[0][2]};
+}
+
+extern "C" std::vector<int64_t> PagedAttentionQuantInferShape(int *ndims, int64_t **shapes, void *extra) {
+  return {shapes[0][0], shapes[0][1], shapes[0][2]};
+}
+
+extern "C" int PagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                              void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("PagedAttention");
+  return Attend(nparam, params, ndims, shapes, dtypes, false);
+}
+
+extern "C" int PagedAttentionQuant(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                   void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("PagedAttention");
+  return Attend(nparam, params, ndims, shapes, dtypes, true);
 }

@@ -17,11 +17,16 @@ class PagedAttention(nn.Cell):
     kv head h // (H // KVH). Rows owned by no sequence come out zero; a sequence with an empty
     query range is skipped. backend (ops/backends.py): on the CPU "cpu" (float32, float16 and bfloat16,
     computed in float32) or "ascendc" (float16 and bfloat16, head_dim a multiple of 16); on Ascend
-    "ms_atb" or "mindspore"; None: the device's default.
+    "ms_atb" or "mindspore"; None: the device's default. With the "cpu" backend the caches' dtype may
+    differ from the query's: their rows are converted to float32 as they are read.
+
+    quantized=True ("cpu" backend only): int8 caches; construct also takes key_scale_cache and
+    value_scale_cache [NB, BS, KVH] float32, and each cached row is dequantised (int8 value x its scale)
+    in the kernel's inner loop.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, device: str = "cpu",
-                 backend: str | None = None):
+                 backend: str | None = None, quantized: bool = False):
         super().__init__()
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
@@ -32,9 +37,14 @@ class PagedAttention(nn.Cell):
             raise ValueError(f"attention_backend 'ascendc' copies whole 32-byte blocks: head_dim must be a multiple "
                              f"of 16, got {head_dim}")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.device = device
+        if quantized and self.backend != "cpu":
+            raise ValueError(f"an int8 KV cache runs with attention_backend 'cpu' only, got {self.backend!r}")
+        self.device, self.quantized = device, quantized
         self.scale_t = Tensor([scale], ms.float32)  # [1]
-        if self.backend == "cpu":
+        if quantized:
+            self.op = build.aot_op("PagedAttentionQuant", _INPUTS + ("key_scale_cache", "value_scale_cache"),
+                                   lambda q, *_: q)
+        elif self.backend == "cpu":
             self.op = build.aot_op("PagedAttention", _INPUTS, lambda q, *_: q)
         elif self.backend == "ascendc":
             from ms_atb.ops import ascendc_build
@@ -49,7 +59,11 @@ class PagedAttention(nn.Cell):
             from mindspore.ops.auto_generate import PagedAttention as AscendPagedAttention
             self.op = AscendPagedAttention(num_heads, scale, num_kv_heads, mask_mode="TRAPEZOIDAL")
 
-    def construct(self, query, key_cache, value_cache, block_tables, context_lens, query_start_loc):
+    def construct(self, query, key_cache, value_cache, block_tables, context_lens, query_start_loc,
+                  key_scale_cache=None, value_scale_cache=None):
+        if self.quantized:
+            return self.op(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, self.scale_t,
+                           key_scale_cache, value_scale_cache)
         if self.backend != "mindspore":
             return self.op(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, self.scale_t)
         q_seq_lens = query_start_loc[1:] - query_start_loc[:-1]  # [B]

@@ -14,14 +14,25 @@ class ReshapeAndCache(nn.Cell):
 
     Row t goes to slot slot_mapping[t] = block * BS + offset; a negative slot is skipped (padding).
     The caches are updated in place. Make every read of the caches depend on the returned value
-    (`ops.depend(query, done)`) so the graph orders it after the write. backend: as PagedAttention's.
+    (`ops.depend(query, done)`) so the graph orders it after the write. backend: as PagedAttention's; with
+    "cpu" the rows are converted to the caches' dtype (float32, float16, bfloat16) as they are written.
+
+    quantized=True ("cpu" backend only): int8 caches; construct also takes key_scale_cache and
+    value_scale_cache [NB, BS, KVH] float32 Parameters, and each (token, KV head) row is stored as
+    round(x * 127 / max|x|) with the scale max|x| / 127 in the same slot of the scale cache
+    (docs/design.md, "int8 KV cache").
     """
 
-    def __init__(self, device: str = "cpu", backend: str | None = None):
+    def __init__(self, device: str = "cpu", backend: str | None = None, quantized: bool = False):
         super().__init__()
         self.backend = resolve_backend(device, backend)
-        self.device = device
-        if self.backend == "cpu":
+        if quantized and self.backend != "cpu":
+            raise ValueError(f"an int8 KV cache runs with attention_backend 'cpu' only, got {self.backend!r}")
+        self.device, self.quantized = device, quantized
+        if quantized:
+            self.op = build.aot_op("ReshapeAndCacheQuant", _INPUTS + ("key_scale_cache", "value_scale_cache"),
+                                   ms.int32)
+        elif self.backend == "cpu":
             self.op = build.aot_op("ReshapeAndCache", _INPUTS, ms.int32)
         elif self.backend == "ascendc":
             from ms_atb.ops import ascendc_build
@@ -36,5 +47,8 @@ class ReshapeAndCache(nn.Cell):
         if self.backend != "mindspore":
             self.op.add_prim_attr("side_effect_mem", True)
 
-    def construct(self, key, value, key_cache, value_cache, slot_mapping):
+    def construct(self, key, value, key_cache, value_cache, slot_mapping, key_scale_cache=None,
+                  value_scale_cache=None):
+        if self.quantized:
+            return self.op(key, value, key_cache, value_cache, slot_mapping, key_scale_cache, value_scale_cache)
         return self.op(key, value, key_cache, value_cache, slot_mapping)

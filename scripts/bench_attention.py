@@ -1,8 +1,9 @@
-"""paged_attention on SmolLM2 shapes: contiguous vs scattered block tables, and the aot op's graph overhead.
+"""paged_attention on SmolLM2 shapes: contiguous vs scattered block tables, each KV cache dtype against float32,
+and the aot op's graph overhead.
 
 Kernel times call the compiled kernel directly (ctypes, the same function MindSpore calls);
 the overhead section times the op inside graph-mode Cells with static and dynamic shapes.
-Usage: python scripts/bench_attention.py [--repeat N]
+Usage: python scripts/bench_attention.py [--repeat N] [--dtypes-only]
 """
 import argparse
 import ctypes
@@ -29,13 +30,13 @@ def hardware() -> str:
 
 
 class Kernel:
-    """Calls the library's PagedAttention the way MindSpore's aot launcher does."""
+    """Calls the library's PagedAttention (or PagedAttentionQuant) the way MindSpore's aot launcher does."""
 
-    def __init__(self):
-        self.fn = ctypes.CDLL(build.kernel_library()).PagedAttention
+    def __init__(self, name="PagedAttention"):
+        self.fn = getattr(ctypes.CDLL(build.kernel_library()), name)
         self.fn.restype = ctypes.c_int
 
-    def __call__(self, *arrays):
+    def __call__(self, *arrays, names=None):
         arrays = [np.ascontiguousarray(a) for a in arrays]
         n = len(arrays)
         params = (ctypes.c_void_p * n)(*(a.ctypes.data for a in arrays))
@@ -43,7 +44,7 @@ class Kernel:
         shape_arrays = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays]
         shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*(ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
                                                         for s in shape_arrays))
-        dtypes = (ctypes.c_char_p * n)(*(str(a.dtype).encode() for a in arrays))
+        dtypes = (ctypes.c_char_p * n)(*(x.encode() for x in (names or [str(a.dtype) for a in arrays])))
         return lambda: self.fn(n, params, ndims, shapes, dtypes, None, None)
 
 
@@ -95,6 +96,31 @@ def bench_kernel(repeat):
                   f"{flops / times[layout] / 1e9:8.1f} {ratio:>17s}")
 
 
+def bench_cache_dtypes(repeat, seqs=((1024, 1),) * 32):
+    """Decode of 32 sequences x 1,024 tokens of context (scattered tables), float32 queries, each cache dtype.
+    Returns {dtype: seconds per call}; prints the K/V bytes read per second and the ratio to float32."""
+    rng = np.random.default_rng(0)
+    (query, kc, vc, tables, lens, qsl, scale, out), _, _ = workload(rng, list(seqs), "scattered")
+    tokens = sum(c for c, _ in seqs)
+    cases = {"float32": (kc, vc, [], "float32"), "float16": (kc.astype(np.float16), vc.astype(np.float16), [], "float16"),
+             "bfloat16": ((kc.view(np.uint32) >> 16).astype(np.uint16), (vc.view(np.uint32) >> 16).astype(np.uint16),
+                          [], "bfloat16")}
+    amax_k, amax_v = np.abs(kc).max(-1), np.abs(vc).max(-1)            # [NB, BS, KVH]: per-row int8 scales
+    cases["int8"] = (np.rint(kc / amax_k[..., None] * 127).astype(np.int8), np.rint(vc / amax_v[..., None] * 127).astype(
+        np.int8), [(amax_k / 127).astype(np.float32), (amax_v / 127).astype(np.float32)], "int8")
+    times = {}
+    print(f"{'cache dtype':12s} {'bytes/value':>11s} {'us/call':>9s} {'GB/s K/V':>9s} {'vs float32':>10s}")
+    for name, (k, v, scales, dtype_name) in cases.items():
+        kernel = Kernel("PagedAttentionQuant" if scales else "PagedAttention")
+        names = ["float32", dtype_name, dtype_name, "int32", "int32", "int32", "float32"] + ["float32"] * len(scales) + [
+            "float32"]
+        times[name] = time_call(kernel(query, k, v, tables, lens, qsl, scale, *scales, out, names=names), repeat)
+        nbytes = tokens * KVH * 2 * (D * k.itemsize + 4 * bool(scales))
+        print(f"{name:12s} {k.itemsize + 4 * bool(scales) / D:11.3f} {times[name] * 1e6:9.1f} "
+              f"{nbytes / times[name] / 1e9:9.2f} {times['float32'] / times[name]:9.2f}x", flush=True)
+    return times
+
+
 class Chain(nn.Cell):
     """n paged_attention calls in a row (each depending on the last), like n layers."""
 
@@ -130,10 +156,17 @@ def bench_graph_overhead(repeat):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--dtypes-only", action="store_true", help="only the cache-dtype table")
     args = parser.parse_args()
     print(hardware())
     print(f"load average now: {os.getloadavg()[0]:.1f} (times are the best of 3 runs; a busy machine inflates them)")
-    print(f"SmolLM2 shapes: {H} heads, {KVH} KV heads, head_dim {D}, block {BS}, fp32\n")
+    print(f"SmolLM2 shapes: {H} heads, {KVH} KV heads, head_dim {D}, block {BS}\n")
+    print("decode 32 sequences x 1,024 tokens of context, scattered tables, float32 queries; 'vs float32' is "
+          "float32's time / this dtype's (above 1: faster)")
+    bench_cache_dtypes(args.repeat)
+    if args.dtypes_only:
+        return
+    print("\nfloat32 caches")
     bench_kernel(args.repeat)
     print()
     bench_graph_overhead(args.repeat)

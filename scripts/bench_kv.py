@@ -9,8 +9,11 @@ The default KV budget is the issue's: 1,456 blocks of 16 tokens x 45 KiB = 1 GiB
 max_model_len 2,048), with 48 requests so that paged mode is saturated (~12 min on 2 cores).
     .venv/bin/python scripts/bench_kv.py [--num-blocks 1456] [--requests 48] [--no-kernel]
     .venv/bin/python scripts/bench_kv.py --num-blocks 512 --requests 16     # 360 MiB, ~5 min
+With --cache-dtypes auto,float16,bfloat16,int8 an engine per further KV cache dtype then runs paged and
+paged + prefix at the same budget in bytes (more blocks of a narrower dtype): concurrency, utilisation, TTFT.
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -124,6 +127,50 @@ def run_ttft(llm, mode, prompts, num_blocks, block_size, system_len, repeats=1):
             "computed": computed, "expected": expect}
 
 
+def engine_for(args, cache_dtype, budget):
+    """An engine whose KV pool in cache_dtype fills the same number of bytes."""
+    from ms_atb import LLM
+    from ms_atb.models.loader import load_config
+    from ms_atb.config import EngineConfig
+    from ms_atb.worker.model_runner import kv_cache_bytes_per_block
+    cfg = EngineConfig.load(args.config)
+    per_block = kv_cache_bytes_per_block(load_config(cfg.model.path), cfg.kv_cache.block_size, cfg.model.dtype, 1,
+                                         cache_dtype)
+    return LLM(args.config, num_blocks=int(budget // per_block), max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens, cache_dtype=cache_dtype)
+
+
+def dtype_rows(llm, args, wls, seq_prompts, system, done):
+    """paged and paged + prefix on each workload, and their sequential TTFT, for this engine's cache dtype (reusing
+    `done`, the main tables' results, when given)."""
+    bs, n = llm.config.kv_cache.block_size, llm.num_blocks
+    rows = {"num_blocks": n, "bytes_per_block": llm.kv_bytes_per_block, "batch": {}, "ttft": {}}
+    for mode in ("paged", "paged+prefix"):
+        for wname, (prompts, outs) in ({} if args.no_batch else wls).items():
+            rows["batch"][(wname, mode)] = (done["batch"][wname][mode] if done else
+                                            run_batch(llm, mode, prompts, outs, n))
+        rows["ttft"][mode] = done["ttft"][mode] if done else run_ttft(llm, mode, seq_prompts, n, bs, args.system_len,
+                                                                       args.ttft_repeats)
+        print(f"  {llm.cache_dtype} {mode}: done", flush=True)
+    return rows
+
+
+def print_dtype_table(by_dtype, budget, bs):
+    print(f"\n### The same KV budget ({budget / 2 ** 20:.0f} MiB) in each cache dtype\n")
+    print("| cache dtype | bytes / block | blocks (tokens) | workload | mode | peak running | mean running while "
+          "queued | KV utilisation | output tok/s | preemptions | TTFT 1st / next ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for d, rows in by_dtype.items():
+        for (wname, mode), r in rows["batch"].items():
+            t = rows["ttft"][mode]["ttft_ms"]
+            print(f"| {d} | {rows['bytes_per_block']:,} | {rows['num_blocks']:,} ({rows['num_blocks'] * bs:,}) | "
+                  f"{wname} | {mode} | {r['peak_running']} | {r['mean_running_while_waiting']:.1f} | "
+                  f"{r['kv_utilisation']:.1%} | {r['output_tok_s']:.1f} | {r['preemptions']} | "
+                  f"{t[0]:.0f} / {np.mean(t[1:]):.0f} |", flush=True)
+    for rows in by_dtype.values():      # JSON keys must be strings
+        rows["batch"] = {f"{w} | {m}": r for (w, m), r in rows["batch"].items()}
+
+
 def hardware() -> str:
     import mindspore
     model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -148,6 +195,8 @@ def main() -> None:
     ap.add_argument("--no-kernel", action="store_true", help="skip the attention-kernel table")
     ap.add_argument("--no-batch", action="store_true", help="skip the concurrency tables (TTFT only)")
     ap.add_argument("--kernel-repeat", type=int, default=20)
+    ap.add_argument("--cache-dtypes", default="auto",
+                    help="KV cache dtypes, comma-separated, the first the main tables' (auto: the model's float32)")
     ap.add_argument("--json", default=os.path.join(ROOT, "out", "bench_kv.json"))
     args = ap.parse_args()
     require_at_least(ap, args, 1, "num_blocks", "max_num_seqs", "max_num_batched_tokens", "requests", "ttft_repeats",
@@ -160,11 +209,15 @@ def main() -> None:
         if not 1 <= lo <= hi:
             ap.error(f"--{name} LO HI needs 1 <= LO <= HI, got {lo} {hi}")
 
+    dtypes = args.cache_dtypes.split(",")
+    if any(d not in ("auto", "float16", "bfloat16", "int8") for d in dtypes):
+        ap.error(f"--cache-dtypes: each must be one of auto, float16, bfloat16, int8; got {args.cache_dtypes!r}")
+
     from ms_atb import LLM
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     llm = LLM(args.config, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens, cache_dtype=dtypes[0])
     from ms_atb import SamplingParams
     llm.generate([[100] * 40], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # one-time costs
     bs, max_len = llm.config.kv_cache.block_size, llm.max_model_len
@@ -173,7 +226,8 @@ def main() -> None:
     print(f"hardware: {hardware()}; load average at start {load0:.2f}")
     print(f"engine: {os.path.relpath(args.config, ROOT)}, built in {time.perf_counter() - t0:.0f} s; KV "
           f"{kv_token / 1024:.0f} KiB/token (fp32); budget {args.num_blocks} blocks x {bs} tokens = "
-          f"{args.num_blocks * bs} tokens = {args.num_blocks * llm.kv_bytes_per_block / 2 ** 20:.0f} MiB; "
+          f"{args.num_blocks * bs} tokens = {args.num_blocks * llm.kv_bytes_per_block / 2 ** 20:.0f} MiB "
+          f"({llm.cache_dtype}); "
           f"max_model_len {max_len} (static holds {static_cap}); max_num_seqs {args.max_num_seqs}, "
           f"max_num_batched_tokens {args.max_num_batched_tokens}")
     vocab = llm.model_config.vocab_size
@@ -228,6 +282,16 @@ def main() -> None:
               f"{', '.join(f'{x:.1%}' for x in per_run)} | {', '.join(f'{x:.1%}' for x in r['flop_ratio'])} | "
               f"{r['computed']} | "
               f"{'yes' if r['computed'] == r['expected'] else 'NO, expected ' + str(r['expected'])} |", flush=True)
+
+    if len(dtypes) > 1:
+        budget = args.num_blocks * llm.kv_bytes_per_block
+        results["dtypes"] = {llm.cache_dtype: dtype_rows(llm, args, wls, seq_prompts, system, results)}
+        for d in dtypes[1:]:
+            del llm
+            gc.collect()
+            llm = engine_for(args, d, budget)
+            results["dtypes"][llm.cache_dtype] = dtype_rows(llm, args, wls, seq_prompts, system, None)
+        print_dtype_table(results["dtypes"], budget, bs)
 
     if not args.no_kernel:
         print("\n### attention kernel: scattered vs contiguous block tables (scripts/bench_attention.py)\n")

@@ -5,6 +5,7 @@ time and graph count, the share of a decode step in attention / matmuls / the re
 model with those parts removed), and the fraction of the CPU's fp32 roofline; with --hf, HF transformers' step on
 the same shapes and weights, timed afterwards in the bench venv (scripts/bench_model_hf.py), and the ratios.
     .venv/bin/python scripts/bench_model.py [--random] [--batches 1 8 32] [--ctx 256] [--prompt 512] [--hf]
+                                            [--cache-dtype auto|float16|bfloat16|int8]
 """
 import argparse
 import importlib.util
@@ -20,7 +21,7 @@ import mindspore as ms
 import numpy as np
 
 from ms_atb.config import EngineConfig
-from ms_atb.worker.model_runner import ModelRunner
+from ms_atb.worker.model_runner import ModelRunner, kv_cache_bytes_per_block
 from script_args import require_at_least
 
 
@@ -93,6 +94,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--breakdown", action="store_true", help="also time variants without attention / matmuls")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers (needs .venv-bench)")
+    ap.add_argument("--cache-dtype", default="auto", choices=["auto", "float16", "bfloat16", "int8"],
+                    help="KV cache storage (the model computes in float32)")
     args = ap.parse_args()
     require_at_least(ap, args, 1, "ctx", "prompt", "repeats")
     if min(args.batches) < 1:
@@ -104,11 +107,13 @@ def main():
     start = time.perf_counter()
     runner = ModelRunner(EngineConfig.load(None, path=path, num_blocks=num_seqs * blocks_per_seq,
                                            block_size=block_size, max_num_seqs=num_seqs,
-                                           max_num_batched_tokens=args.prompt, max_model_len=max_len))
+                                           max_num_batched_tokens=args.prompt, max_model_len=max_len,
+                                           cache_dtype=args.cache_dtype))
     load_s = time.perf_counter() - start
     c = runner.model_config
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; mindspore {ms.__version__}")
-    print(f"model: {path if args.random else os.path.basename(path)}; fp32; load {load_s:.1f} s; "
+    print(f"model: {path if args.random else os.path.basename(path)}; fp32, KV cache {args.cache_dtype}; "
+          f"load {load_s:.1f} s; "
           f"buckets {runner.buckets}")
     start = time.perf_counter()
     stats = runner.warmup()
@@ -116,7 +121,7 @@ def main():
     peak = measured_peak_gflops()
     weights = sum(p.size for p in runner.model.get_parameters()
                   if not any(x in p.name for x in ("cache", "rope", "embed_tokens")))
-    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    kv_per_token = kv_cache_bytes_per_block(c, block_size, "float32", 1, args.cache_dtype) // block_size
     print(f"roofline: our GEMM kernel's best on a hot 384x1536x3072 product, {peak:.0f} GFLOP/s; a decode step "
           f"reads {weights * 4 / 2**20:.0f} MiB of weights (lm_head included; one embedding row a token) + "
           f"{kv_per_token / 1024:.0f} KiB of KV per context token")

@@ -6,16 +6,18 @@ beside the article's table (Atlas 800I A2, Llama2-7B fp16). Every constant is st
 
     python scripts/simulate.py                        # the article's setting (~10 s of CPU)
     python scripts/simulate.py --setting smollm2-cpu  # SmolLM2-135M on this CPU, for bench_kv
+    python scripts/simulate.py --cache-dtype auto,int8 # the same KV budget in bytes, int8 cache beside fp16
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
 import time
 
-from ms_atb.sim.cost_model import (ATLAS_800I_A2, LLAMA2_7B, LLAMA2_70B, SMOLLM2_135M, THIS_CPU,
+from ms_atb.sim.cost_model import (ATLAS_800I_A2, KV_VALUE_BYTES, LLAMA2_7B, LLAMA2_70B, SMOLLM2_135M, THIS_CPU,
                                CostModel, Device, GiB, MiB, ModelShape)
 from ms_atb.sim.simulator import (MODES, Workload, output_len_for_static_utilisation, simulate,
                               ttft_one_by_one)
@@ -57,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--ttft-requests", type=int, default=8, help="requests submitted one by one for TTFT")
     p.add_argument("--modes", default="static,paged,prefix")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dtype", default="auto",
+                   help="KV cache dtype(s), comma-separated: auto (the model's), float16, bfloat16, int8 (+ a float32 "
+                        "scale per token, layer and KV head); each gets its own table at the same budget in bytes")
     args = p.parse_args(argv)
     require_at_least(p, args, 1, "requests", "user_len", "block_size", "static_slots", "max_num_seqs",
                      "max_num_batched_tokens")
@@ -75,6 +80,9 @@ def parse_args(argv=None):
     if any(m not in MODES for m in modes):
         p.error(f"--modes: each must be one of {sorted(MODES)}, got {args.modes!r}")
     args.modes = modes
+    args.cache_dtypes = args.cache_dtype.split(",")
+    if any(d not in KV_VALUE_BYTES for d in args.cache_dtypes):
+        p.error(f"--cache-dtype: each must be one of {list(KV_VALUE_BYTES)}, got {args.cache_dtype!r}")
     return args
 
 
@@ -102,6 +110,21 @@ def kv_70b_lines() -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runs = {d: run(args, d, first=i == 0) for i, d in enumerate(args.cache_dtypes)}
+    if len(runs) > 1:
+        print(f"## The same KV budget in each cache dtype ({args.setting})")
+        print("| cache dtype | KV bytes / token | blocks | " + " | ".join(f"{LABELS[m]} concurrency" for m in args.modes)
+              + " | " + " | ".join(f"{LABELS[m]} out tok/s" for m in args.modes) + " |")
+        print("|---" * (3 + 2 * len(args.modes)) + "|")
+        for d, (kv_tok, num_blocks, results) in runs.items():
+            print(f"| {d} | {kv_tok:,} | {num_blocks:,} | "
+                  + " | ".join(f"{results[m].sustained_running:.1f}" for m in args.modes) + " | "
+                  + " | ".join(f"{results[m].output_tokens_per_s:.0f}" for m in args.modes) + " |")
+    return 0
+
+
+def run(args, cache_dtype: str, first: bool):
+    """One table for one cache dtype; returns (KV bytes a token, blocks, {mode: result})."""
     started, cpu0 = time.perf_counter(), time.process_time()
     model, device, max_model_len, budget, static_util = SETTINGS[args.setting]
     if args.static_utilisation is not None:
@@ -111,11 +134,13 @@ def main(argv=None) -> int:
                         device.efficiency if args.efficiency is None else args.efficiency,
                         device.step_overhead_s if args.overhead_ms is None else args.overhead_ms / 1e3,
                         device.source)
-    kv_tok = model.kv_bytes_per_token
     if args.kv_budget_gib is not None:
         budget = args.kv_budget_gib * GiB
-    elif budget is None:
-        budget = args.static_slots * max_model_len * kv_tok
+    elif budget is None:     # in bytes, from the model's own dtype whatever the cache's
+        budget = args.static_slots * max_model_len * model.kv_bytes_per_token
+    base_kv_tok = model.kv_bytes_per_token
+    model = dataclasses.replace(model, kv_cache_dtype=cache_dtype)
+    kv_tok = model.kv_bytes_per_token
     bs = args.block_size
     num_blocks = int(budget // (bs * kv_tok))
     if num_blocks < 1:
@@ -134,7 +159,7 @@ def main(argv=None) -> int:
     cm = CostModel(model, device)
     mean_prompt = args.prefix_len + args.user_len
 
-    print(f"# Capacity simulation: {model.name} on {device.name}")
+    print(f"# Capacity simulation: {model.name} on {device.name}, KV cache {cache_dtype}")
     print("Assumptions (stated before the run, none fitted to the article's answer):")
     print(f"  device: peak {device.peak_flops / 1e12:g} TFLOP/s, memory bandwidth "
           f"{device.mem_bandwidth / 1e12:g} TB/s, memory {device.memory_bytes / 1e9:g} GB, "
@@ -143,12 +168,14 @@ def main(argv=None) -> int:
     print("  step time = max(FLOPs / peak, bytes / bandwidth) / efficiency + overhead; FLOPs = "
           "2 x layer params x tokens + 2 x lm_head params x sampled sequences + causal attention; "
           "bytes = weights once + each sequence's KV context read + new KV written")
+    kv_kind = "and KV" if cache_dtype == "auto" else f"(KV cache {cache_dtype}" + (
+        " + a float32 scale per token, layer and KV head" if cache_dtype == "int8" else "") + ")"
     print(f"  model: {model.name}, {model.num_params / 1e9:.2f} B params, {model.dtype_bytes}-byte "
-          f"weights and KV, {kv_tok / 1024:g} KiB KV per token, max_model_len {max_model_len}, "
+          f"weights {kv_kind}, {kv_tok / 1024:g} KiB KV per token, max_model_len {max_model_len}, "
           f"block_size {bs}")
     if args.kv_budget_gib is None and args.setting == "llama2-7b-atlas":
         print(f"  KV budget from the article's static row: {args.static_slots} requests x "
-              f"{max_model_len} tokens x {kv_tok / MiB:g} MiB = {budget / GiB:g} GiB -> "
+              f"{max_model_len} tokens x {base_kv_tok / MiB:g} MiB = {budget / GiB:g} GiB -> "
               f"{num_blocks} blocks (weights {model.weight_bytes_per_step / 1e9:.1f} GB + KV "
               f"{budget / 1e9:.1f} GB of the card's {device.memory_bytes / 1e9:g} GB)")
     else:
@@ -208,17 +235,18 @@ def main(argv=None) -> int:
         print("* the KV budget did not bind (the pool was under 90% full while requests waited, or "
               "none ever waited): this is not a capacity; use more --requests")
     print()
-    if compare and len(results) == 3:
+    if compare and len(results) == 3 and first:
         print("\n".join(notes(results, ttfts, model, device, budget, bs, args)))
         print()
         print("\n".join(article_check_lines(args.prefix_len // bs * bs, max_model_len)))
         print()
-    if args.setting == "llama2-7b-atlas":
+    if args.setting == "llama2-7b-atlas" and first:
         print("\n".join(kv_70b_lines()))
         print()
     print(f"(simulated {sum(r.num_steps for r in results.values()):,} steps in "
           f"{time.perf_counter() - started:.1f} s wall, {time.process_time() - cpu0:.1f} s CPU)")
-    return 0
+    print()
+    return kv_tok, num_blocks, results
 
 
 def article_check_lines(shared: int, max_model_len: int) -> list[str]:

@@ -68,3 +68,27 @@ def swiglu_ref(gate_up):
     g, u = np.split(gate_up.astype(np.float64), 2, axis=-1)
     e = np.exp(-np.abs(g))
     return g * np.where(g >= 0, 1.0, e) / (1.0 + e) * u
+
+
+def quantize_int8_ref(x):
+    """x [..., D] -> (q [..., D] int8, scale [...] float32): symmetric per row, in the kernel's float32 steps
+    (scale = max|x| / 127, q = round_half_even(x * (127 / max|x|)); an all-zero row: q 0, scale 0)."""
+    x = np.asarray(x, np.float32)
+    amax = np.abs(x).max(-1)                                                    # [...]
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    q = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
+    return q, (amax / np.float32(127)).astype(np.float32)
+
+
+def reshape_and_cache_int8_ref(key, value, key_cache, value_cache, key_scales, value_scales, slot_mapping):
+    """The int8 form: caches [NB, BS, KVH, D] int8 and scales [NB, BS, KVH] float32 -> updated copies of all four."""
+    kq, ks = quantize_int8_ref(key)
+    vq, vs = quantize_int8_ref(value)
+    key_cache, value_cache = reshape_and_cache_ref(kq, vq, key_cache, value_cache, slot_mapping)
+    key_scales, value_scales = reshape_and_cache_ref(ks, vs, key_scales, value_scales, slot_mapping)
+    return key_cache, value_cache, key_scales, value_scales
+
+
+def dequantize_ref(cache, scales):
+    """int8 cache [NB, BS, KVH, D] and scales [NB, BS, KVH] -> the float64 values attention reads."""
+    return cache.astype(np.float64) * scales[..., None].astype(np.float64)

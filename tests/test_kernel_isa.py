@@ -1,7 +1,8 @@
 """The GEMM-shaped kernels on every instruction-set path this CPU can run, not only the one -march=native
 picks: the kernel library is rebuilt without AVX-512 (the AVX2 6 x 16 tile) and without AVX2/FMA (the
-portable tile), and PackedMatMul and PagedAttention (decode and GEMM-tiled prefill items) are called
-through their C ABI with ctypes and checked against numpy."""
+portable tile), and PackedMatMul, PagedAttention (decode and GEMM-tiled prefill items, over float32,
+float16, bfloat16 and int8 caches, whose rows each path converts as it reads them) and ReshapeAndCache
+(conversion and int8 quantisation) are called through their C ABI with ctypes and checked against numpy."""
 import ctypes
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from ms_atb.ops import build
 from ms_atb.ops.matmul import pack_weight
-from ops_reference import paged_attention_ref
+from ops_reference import dequantize_ref, paged_attention_ref, reshape_and_cache_int8_ref
 
 pytestmark = pytest.mark.slow      # each variant rebuilds the kernel library
 
@@ -29,7 +30,8 @@ def library(request, tmp_path_factory):
     if request.param == "avx2" and not {"avx2", "fma"} <= flags:
         pytest.skip("the CPU has no AVX2/FMA")
     path = tmp_path_factory.mktemp(request.param) / "kernels.so"
-    build.compile_library(path, VARIANTS[request.param], sources=("matmul.cc", "paged_attention.cc"))
+    build.compile_library(path, VARIANTS[request.param],
+                          sources=("matmul.cc", "paged_attention.cc", "reshape_and_cache.cc"))
     return ctypes.CDLL(str(path))
 
 
@@ -65,4 +67,77 @@ def test_paged_attention_on_each_isa(library, queries, bs, layout):
     out = np.full(q.shape, np.nan, np.float32)
     assert build.call_kernel(library.PagedAttention, [q, kc, vc, tables, lens, qsl, scale, out]) == 0
     want = paged_attention_ref(q, kc, vc, tables, lens, qsl, float(scale[0]))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def call(fn, arrays, names):
+    """build.call_kernel with the dtype names given (numpy has no bfloat16: its bits travel as uint16)."""
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays])
+    dtypes = (ctypes.c_char_p * n)(*[name.encode() for name in names])
+    return fn(n, params, ndims, shapes, dtypes, None, None)
+
+
+def to_bfloat16_bits(x):
+    """float32 -> bfloat16 bits (uint16), round to nearest even, and the float32 values they hold."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("cache", ["float16", "bfloat16", "int8"])
+@pytest.mark.parametrize("queries", [[1, 1, 1], [40, 1, 17]])
+def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache):
+    """float32 queries over float16 / bfloat16 / int8 caches, written by ReshapeAndCache on the same path (the
+    conversion, and int8's per-row quantisation, exactly as numpy does it); the attention against numpy over
+    the values the caches hold. Scattered block tables, block size 16 (whole 16-value AVX-512 rows, D = 64)."""
+    rng = np.random.default_rng(len(queries) + sum(queries))
+    heads, kv_heads, dim, bs = 9, 3, 64, 16
+    ctx = [70, 33, 50]
+    per_seq = -(-max(ctx) // bs)
+    nb = 3 * per_seq + 5
+    tables = rng.permutation(nb)[:3 * per_seq].reshape(3, per_seq).astype(np.int32)
+    slots = np.array([tables[b, p // bs] * bs + p % bs for b in range(3) for p in range(ctx[b])], np.int32)
+    key = (rng.standard_normal((len(slots), kv_heads, dim)) * rng.uniform(0.1, 5, (len(slots), kv_heads, 1))
+           ).astype(np.float32)
+    value = rng.standard_normal((len(slots), kv_heads, dim)).astype(np.float32)
+    key[5, 1] = 0.0                                                  # an all-zero row: scale 0
+    shape = (nb, bs, kv_heads, dim)
+    done = np.zeros(1, np.int32)
+    if cache == "int8":
+        kc, vc = np.zeros(shape, np.int8), np.zeros(shape, np.int8)
+        ks, vs = np.zeros(shape[:3], np.float32), np.zeros(shape[:3], np.float32)
+        assert call(library.ReshapeAndCacheQuant, [key, value, kc, vc, slots, ks, vs, done],
+                    ["float32", "float32", "int8", "int8", "int32", "float32", "float32", "int32"]) == 0
+        want = reshape_and_cache_int8_ref(key, value, np.zeros(shape, np.int8), np.zeros(shape, np.int8),
+                                          np.zeros(shape[:3], np.float32), np.zeros(shape[:3], np.float32), slots)
+        for got, ref in zip((kc, vc, ks, vs), want):
+            np.testing.assert_array_equal(got, ref)
+        k_vals, v_vals = dequantize_ref(kc, ks), dequantize_ref(vc, vs)
+        extra, extra_names = [ks, vs], ["float32", "float32"]
+    else:
+        if cache == "float16":
+            kc, vc = np.zeros(shape, np.float16), np.zeros(shape, np.float16)
+            k_held, v_held = key.astype(np.float16), value.astype(np.float16)
+        else:
+            kc, vc = np.zeros(shape, np.uint16), np.zeros(shape, np.uint16)
+            (k_bits, k_held), (v_bits, v_held) = to_bfloat16_bits(key), to_bfloat16_bits(value)
+        assert call(library.ReshapeAndCache, [key, value, kc, vc, slots, done],
+                    ["float32", "float32", cache, cache, "int32", "int32"]) == 0
+        held_k = kc.astype(np.float32) if cache == "float16" else (kc.astype(np.uint32) << 16).view(np.float32)
+        held_v = vc.astype(np.float32) if cache == "float16" else (vc.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_array_equal(held_k.reshape(-1, kv_heads, dim)[slots], np.asarray(k_held, np.float32))
+        np.testing.assert_array_equal(held_v.reshape(-1, kv_heads, dim)[slots], np.asarray(v_held, np.float32))
+        k_vals, v_vals = held_k, held_v
+        extra, extra_names = [], []
+    qsl = np.concatenate([[0], np.cumsum(queries)]).astype(np.int32)
+    q = rng.standard_normal((int(qsl[-1]), heads, dim)).astype(np.float32)
+    lens, scale = np.array(ctx, np.int32), np.array([dim ** -0.5], np.float32)
+    out = np.full(q.shape, np.nan, np.float32)
+    fn = library.PagedAttentionQuant if cache == "int8" else library.PagedAttention
+    names = ["float32", cache, cache, "int32", "int32", "int32", "float32"] + extra_names + ["float32"]
+    assert call(fn, [q, kc, vc, tables, lens, qsl, scale, *extra, out], names) == 0
+    want = paged_attention_ref(q, k_vals, v_vals, tables, lens, qsl, float(scale[0]))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -149,6 +149,7 @@ def test_script_prints_rows_and_70b(capsys):
     (["--overhead-ms", "-5"], r"--overhead-ms must be in \[0, inf\]"),
     (["--requests", "0"], "--requests must be >= 1"),
     (["--kv-budget-gib", "1e-9"], "holds no block of 16 tokens"),
+    (["--cache-dtype", "auto,fp8"], r"--cache-dtype: each must be one of \['auto', 'float16', 'bfloat16', 'int8'\]"),
 ])
 def test_simulate_rejects_bad_arguments_with_a_message(args, message):
     run = subprocess.run([sys.executable, str(SCRIPTS / "simulate.py"), *args], capture_output=True, text=True,
@@ -170,3 +171,32 @@ def test_article_rows_checked_against_one_another():
     assert "= 48.9 requests" in "\n".join(mod.article_check_lines(896, 4096))  # 44,323.84 / 906.24
     assert "needs a shared prefix" in mod.article_check_lines(0, 4096)[0]
     assert "needs a shared prefix" in mod.article_check_lines(1840, 4096)[0]
+
+
+def test_kv_bytes_per_token_of_each_cache_dtype():
+    """int8: one byte a value plus a float32 scale per (K or V, layer, KV head) row; Llama2-7B's fp16 block of 16
+    tokens (8 MiB) holds 1.94x the tokens in int8 at one budget."""
+    import dataclasses
+    int8 = dataclasses.replace(LLAMA2_7B, kv_cache_dtype="int8")
+    assert int8.kv_bytes_per_token == 2 * 32 * 32 * (128 + 4) == 270_336
+    assert dataclasses.replace(LLAMA2_7B, kv_cache_dtype="bfloat16").kv_bytes_per_token == 0.5 * MiB
+    assert dataclasses.replace(TINY, kv_cache_dtype="int8").kv_bytes_per_token == 2 * 2 * 1 * (2 + 4)
+    assert LLAMA2_7B.kv_bytes_per_token / int8.kv_bytes_per_token >= 1.9
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        dataclasses.replace(TINY, kv_cache_dtype="fp8").kv_bytes_per_token
+
+
+def test_script_puts_an_int8_table_beside_fp16(capsys):
+    mod = load_script("simulate")
+    assert mod.main(["--requests", "40", "--prefix-len", "400", "--shared-fraction", "0", "--user-len", "16",
+                     "--output-len", "32", "--static-slots", "1", "--ttft-requests", "2", "--modes", "paged",
+                     "--cache-dtype", "auto,int8"]) == 0
+    text = capsys.readouterr().out
+    assert "KV cache int8 + a float32 scale per token, layer and KV head" in text
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in text.splitlines()
+            if line.startswith(("| auto |", "| int8 |"))}
+    # the same 2 GiB budget: 256 blocks of 16 fp16 tokens (8 MiB each) or 496 int8 ones (4.125 MiB each); the
+    # ~430-token requests (none sharing) bind both pools
+    assert [c.strip() for c in rows["auto"][:2]] == ["524,288", "256"]
+    assert [c.strip() for c in rows["int8"][:2]] == ["270,336", "496"]
+    assert float(rows["int8"][2]) > 1.8 * float(rows["auto"][2])

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GiB = 1024 ** 3
+KV_VALUE_BYTES = {"auto": None, "float16": 2, "bfloat16": 2, "int8": 1}   # None: the weights' dtype_bytes
 MiB = 1024 ** 2
 
 
@@ -29,7 +30,8 @@ class ModelShape:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    dtype_bytes: int                      # weights and KV cache
+    dtype_bytes: int                      # weights, and the KV cache when kv_cache_dtype is "auto"
+    kv_cache_dtype: str = "auto"          # "auto" | "float16" | "bfloat16" | "int8" (+ a float32 scale a row)
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int, name: str = "model") -> "ModelShape":
@@ -57,7 +59,13 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of one token over all layers: the values, and an int8 cache's float32 scale per (K or V, layer,
+        KV head) row."""
+        if self.kv_cache_dtype not in KV_VALUE_BYTES:
+            raise ValueError(f"kv_cache_dtype must be one of {sorted(KV_VALUE_BYTES)}, got {self.kv_cache_dtype!r}")
+        value = KV_VALUE_BYTES[self.kv_cache_dtype] or self.dtype_bytes
+        scale = 4 if self.kv_cache_dtype == "int8" else 0
+        return 2 * self.num_layers * self.num_kv_heads * (self.head_dim * value + scale)
 
     @property
     def weight_bytes_per_step(self) -> int:

@@ -39,11 +39,26 @@ def _ms_dtype(dtype):
     raise ValueError(f"dtype {dtype!r} not supported; allowed: {sorted(_DTYPES)}")
 
 
-def kv_cache_bytes_per_block(config: LlamaConfig, block_size: int, dtype, tp_size: int = 1) -> int:
-    """Bytes of K and V cache of one block over all layers on one rank."""
-    itemsize = 2 if _ms_dtype(dtype) in (ms.float16, ms.bfloat16) else 4
+def cache_ms_dtype(dtype, cache_dtype: str = "auto"):
+    """The KV cache's storage dtype: kv_cache.cache_dtype, or the model's dtype for "auto"."""
+    if cache_dtype == "auto":
+        return _ms_dtype(dtype)
+    if cache_dtype == "int8":
+        return ms.int8
+    if cache_dtype in ("float16", "bfloat16"):
+        return _ms_dtype(cache_dtype)
+    raise ValueError(f"cache_dtype {cache_dtype!r} not supported; allowed: auto, float16, bfloat16, int8")
+
+
+def kv_cache_bytes_per_block(config: LlamaConfig, block_size: int, dtype, tp_size: int = 1,
+                             cache_dtype: str = "auto") -> int:
+    """Bytes of K and V cache of one block over all layers on one rank: the values, and with an int8 cache
+    their float32 scales (one per token and KV head, for K and for V)."""
+    storage = cache_ms_dtype(dtype, cache_dtype)
+    itemsize = {ms.int8: 1, ms.float16: 2, ms.bfloat16: 2}.get(storage, 4)
     kvh = num_kv_heads_per_rank(config, tp_size)
-    return 2 * config.num_hidden_layers * block_size * kvh * config.head_dim * itemsize
+    per_row = config.head_dim * itemsize + (4 if storage == ms.int8 else 0)   # one (token, KV head) row
+    return 2 * config.num_hidden_layers * block_size * kvh * per_row
 
 
 def token_buckets(max_num_batched_tokens: int) -> list[int]:
@@ -85,6 +100,7 @@ class ModelRunner:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
                              f"{self.model_config.max_position_embeddings}")
         self.dtype = _ms_dtype(config.model.dtype)
+        self.cache_dtype = cache_ms_dtype(config.model.dtype, config.kv_cache.cache_dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_num_seqs, self.max_model_len = sc.max_num_seqs, max_model_len
         self.max_num_batched_tokens = sc.max_num_batched_tokens
@@ -102,7 +118,8 @@ class ModelRunner:
         backend = config.kv_cache.attention_backend
         self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
-                                      tp_size, tp_rank, attention_backend=self.attention_backend)
+                                      tp_size, tp_rank, attention_backend=self.attention_backend,
+                                      cache_dtype=self.cache_dtype)
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
                                                     dtype=np.float32))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
@@ -181,7 +198,7 @@ class ModelRunner:
         from ms_atb.worker.graph_cache import files_identity
         from ms_atb.ops.build import kernel_library
         return {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
-                "dtype": str(self.dtype), "device": ms.get_context("device_target"),
+                "dtype": str(self.dtype), "cache_dtype": str(self.cache_dtype), "device": ms.get_context("device_target"),
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
                 "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library(),
