@@ -129,11 +129,13 @@ def test_a_choice_cut_by_max_tokens_is_a_length_finish(llm):
 def test_sampled_choices_follow_the_model_distribution(llm):
     """One-byte choices: each sample is one draw from the model's softmax over the three bytes."""
     prompt, choices = [5, 6, 7], ["u", "m", "t"]     # the model's three likeliest letters there
-    n = 2000
-    params = SamplingParams(max_tokens=4, temperature=1.0, seed=11, n=n, guided_choice=choices)
-    out = llm.generate([prompt], params, use_tqdm=False)[0]
-    texts = [c.text for c in out.outputs]
-    assert all(c.finish_reason == "stop" and len(c.token_ids) == 1 for c in out.outputs)
+    n = 2000                                            # 40 requests of 50 samples (n is at most MAX_N)
+    params = [SamplingParams(max_tokens=4, temperature=1.0, seed=11 + i, n=50, guided_choice=choices)
+              for i in range(n // 50)]
+    samples = [c for out in llm.generate([prompt] * len(params), params, use_tqdm=False) for c in out.outputs]
+    texts = [c.text for c in samples]
+    assert len(samples) == n
+    assert all(c.finish_reason == "stop" and len(c.token_ids) == 1 for c in samples)
     counts = np.array([texts.count(c) for c in choices], dtype=np.float64)
     logits = tiny_logits(prompt)[-1][[ord(c) for c in choices]].astype(np.float64)
     probs = np.exp(logits - logits.max())
