@@ -49,7 +49,7 @@ def grid():
                 yield pytest.param(name, layout, dtype, marks=[pytest.mark.slow] if big else [])
 
 
-@pytest.mark.parametrize("name, layout, dtype", grid())
+@pytest.mark.parametrize("name, layout, dtype", list(grid()))
 def test_paged_attention_matches_reference(name, layout, dtype):
     seqs = MIXED if name in ("gqa3", "gqa8_bs128") else MIXED[:5] + [(64, 9), (3, 1)]
     check(name, seqs, layout, dtype, [len(name), len(layout), len(dtype)])
