@@ -6,7 +6,8 @@ as given) and optional sampling fields; `--input -` reads standard input (ms_atb
 request is written and flushed as soon as it finishes; --resume skips ids already in the output, so
 an interrupted run loses nothing and duplicates nothing. With --skip-invalid, a request that cannot
 run (bad JSON, a bad sampling field, a prompt too long...) is written as {"id", "error"} and the
-others run; --resume counts those lines as done.
+others run; --resume counts those lines as done. The OpenAI batch format (ms_atb/openai_batch.py) is read
+and written too (--format openai, or found by --format auto): there every invalid line is an error line.
 
 One job writes an output at a time: a second one exits with status 2 at once, whatever its mode
 (ms_atb/output_file.py). Exit status: 0 done, 2 a usage or input error, 130 Ctrl-C, 143 SIGTERM; after
@@ -23,8 +24,9 @@ import os
 import sys
 import time
 
+from ms_atb.openai_batch import error_line, result_line
 from ms_atb.output_file import OutputLock, done_ids
-from ms_atb.prompt_file import STDIN, STDIN_NAME, read_requests
+from ms_atb.prompt_file import FORMATS, STDIN, STDIN_NAME, read_input, read_requests
 from ms_atb.sampling_params import SamplingParams
 from ms_atb.termination import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, watch_signals
 
@@ -48,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="prompts: .txt (one per line) or .jsonl; - reads standard input (JSONL if its first line "
                         "starts with '{', else text)")
     p.add_argument("--output", required=True, help="JSONL results, one line per request")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="input and output format: ms_atb (text or JSONL prompts), openai (OpenAI batch lines), or "
+                        "auto (openai when the first JSON object of a JSONL input has a custom_id)")
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="skip ids already in --output and append")
     existing.add_argument("--overwrite", action="store_true", help="replace an existing --output")
@@ -92,7 +97,9 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     """Checks the input and output paths and locks the output, then _run()."""
-    items = read_requests(args.input, args.skip_invalid)
+    args.format, items = read_input(args.input, args.format, args.skip_invalid)
+    if args.format == "openai" and (args.chat or args.beam_width is not None):
+        raise ValueError("--chat and --beam-width do not apply to OpenAI batch input: each line names its endpoint")
     if args.input != STDIN and os.path.exists(args.output) and os.path.samefile(args.input, args.output):
         raise ValueError(f"--output {args.output!r} is the --input file; give another path")
     if os.path.isdir(args.output):
@@ -151,21 +158,25 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     skip = done_ids(args.output) if args.resume else set()
     source = STDIN_NAME if args.input == STDIN else args.input
     invalid = []                  # error records of the requests skipped by --skip-invalid
+    openai = args.format == "openai"          # every invalid line is an error line in this format
+
+    def error_record(item, message):
+        return error_line(item, message) if openai else {"id": item["id"], "error": message}
 
     def reject(item, message):
-        if not args.skip_invalid:
+        if not (args.skip_invalid or openai):
             raise ValueError(message)
-        invalid.append({"id": item["id"], "error": message})
+        invalid.append(error_record(item, message))
 
     pending = []
     for n, item in enumerate(items):
         if item["id"] in skip:
             continue
         if "_error" in item:
-            invalid.append({"id": item["id"], "error": item["_error"]})
+            invalid.append(error_record(item, item["_error"]))
             continue
         where = f"{source}:{item.get('_line', n + 1)} (id {item['id']!r})"
-        fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line")}
+        fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line", "_openai")}
         if beam is not None and set(fields) - set(BEAM_FIELDS):
             reject(item, f"{where}: under --beam-width a request may set only {list(BEAM_FIELDS)}, "
                          f"got {sorted(set(fields) - set(BEAM_FIELDS))}")
@@ -205,8 +216,10 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     except OSError as e:
         raise ValueError(f"--output {args.output!r} cannot be written ({e.strerror})") from None
     try:
+        by_id = {item["id"]: item for item, _, _ in pending}
+        line = (lambda rid, o: result_line(by_id[rid], o, llm.tokenizer, cfg.model.path)) if openai else None
         records = (_beam_records(llm, requests, beam, outputs, ids, not args.no_progress) if beam is not None
-                   else _sample_records(llm, requests, outputs, ids, not args.no_progress))
+                   else _sample_records(llm, requests, outputs, ids, not args.no_progress, line))
         for record in itertools.chain(invalid, records):
             if out is not None:
                 try:
@@ -231,11 +244,14 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     return 0
 
 
-def _sample_records(llm, requests, outputs: list, ids: dict, progress: bool):
+def _sample_records(llm, requests, outputs: list, ids: dict, progress: bool, line=None):
     """Result lines of generate(), each as soon as its request finishes (outputs collects the RequestOutputs;
-    ids maps engine request ids to the input's)."""
+    ids maps engine request ids to the input's; line(id, output), if given, makes the line instead)."""
     for _, o in llm.generate_iter(requests, use_tqdm=progress):
         outputs.append(o)
+        if line is not None:
+            yield line(ids[o.request_id], o)
+            continue
         record = {"id": ids[o.request_id], **_sample_record(o.outputs[0]),   # the first sample's fields
                   "num_prompt_tokens": len(o.prompt_token_ids), "num_cached_tokens": o.num_cached_tokens,
                   "ttft_s": round(o.metrics.ttft, 6) if o.metrics.ttft is not None else None}

@@ -7,7 +7,7 @@ Rules:
      when its holder dies, so a lock file left by a killed job does not block the next one.
   3. The holder deletes the lock file while still holding it; a job that locked a file that was deleted
      meanwhile retries on the new one, so two jobs never hold locks on different files of one path.
-  4. Ids keep their JSON type: 7 and "7" are different ids.
+  4. Ids keep their JSON type: 7 and "7" are different ids. An OpenAI batch line's id is its custom_id.
 """
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ import json
 import os
 import socket
 
+from ms_atb.openai_batch import result_key
 from ms_atb.prompt_file import is_id
 
-RESULT_START = b'{"id": '     # how every line ms-atb-generate writes begins
+RESULT_START = b'{"id": '     # how every line ms-atb-generate writes begins, in either format
 
 
 class OutputLock:
@@ -98,9 +99,9 @@ def _read_holder(fd: int) -> str:
 
 
 def done_ids(path: str) -> set:
-    """Ids already written: lines with an id and a result (token_ids, text) or an error. A torn last line (the
-    run was killed mid-write: no newline, and the start of a result line) is cut off, and a complete last
-    line that lost only its newline gets it back. Any other line that is not a result is an error, so
+    """Ids already written: lines with an id and a result (token_ids, text) or an error (OpenAI batch lines:
+    their custom_id). A torn last line (the run was killed mid-write: no newline, and the start of a result
+    line) is cut off, and a complete last line that lost only its newline gets it back. Any other line that is not a result is an error, so
     results, and files that are not ours, are never truncated away."""
     if not os.path.exists(path):
         return set()
@@ -116,7 +117,9 @@ def done_ids(path: str) -> set:
                             and (raw.startswith(RESULT_START) or RESULT_START.startswith(raw)))
                     if not torn:
                         raise ValueError(f"--output {path}:{lineno} is not a result line (JSON with an 'id' and "
-                                         f"'token_ids', 'text' or 'error'); fix or remove it, or pass --overwrite")
+                                         f"'token_ids', 'text' or 'error', or an OpenAI batch line with "
+                                         f"'custom_id', 'response' and 'error'); fix or remove it, or pass "
+                                         f"--overwrite")
                     break
                 ids.add(rid)
             good += len(raw)
@@ -130,11 +133,15 @@ def done_ids(path: str) -> set:
 
 
 def _result_id(raw: bytes):
-    """The id of a result line (a string or an integer), or None if the line is not one."""
+    """The id of a result line (a string or an integer; for an OpenAI batch line its custom_id, or ("line", N)
+    for an error line without one), or None if the line is not one."""
     try:
         item = json.loads(raw)
     except ValueError:
         return None
+    key = result_key(item)                    # an OpenAI batch line: its custom_id
+    if key is not None:
+        return key
     if isinstance(item, dict) and is_id(item.get("id")) and any(k in item for k in ("token_ids", "text", "error")):
         return item["id"]
     return None

@@ -3,7 +3,8 @@
 Formats: JSONL (one object a line with "prompt" or "messages", an optional "id" and sampling fields) or
 text (one prompt a line; "\\n" in a line is a newline). A file is JSONL when its name ends in .jsonl or
 .json; standard input is JSONL when its first non-blank line starts with "{". An "id" keeps its JSON type:
-7 and "7" are different ids. A line without one gets the id "line-<N>".
+7 and "7" are different ids. A line without one gets the id "line-<N>". The OpenAI batch format (ms_atb/openai_batch.py) is read too:
+chosen by --format openai, or found by --format auto.
 """
 from __future__ import annotations
 
@@ -11,13 +12,25 @@ import json
 import os
 import sys
 
+from ms_atb.openai_batch import error_item, is_batch_line, parse_line
+
+FORMATS = ("auto", "ms_atb", "openai")     # --format: "ms_atb" is the text / JSONL format above
 STDIN = "-"
 STDIN_NAME = "<stdin>"        # how messages name standard input
 
 
 def read_requests(path: str, skip_invalid: bool = False) -> list[dict]:
-    """Lines -> [{"id", "prompt" | "messages", sampling fields..., "_line"}]; ValueError naming the line.
-    skip_invalid: a line that is not a request becomes {"id", "_line", "_error"} instead."""
+    """Lines of our own format -> [{"id", "prompt" | "messages", sampling fields..., "_line"}]; ValueError naming
+    the line. skip_invalid: a line that is not a request becomes {"id", "_line", "_error"} instead."""
+    return read_input(path, "ms_atb", skip_invalid)[1]
+
+
+def read_input(path: str, fmt: str = "auto", skip_invalid: bool = False) -> tuple[str, list[dict]]:
+    """(the format read, its request items). fmt "auto" reads a JSONL input whose first JSON object has a
+    "custom_id" as the OpenAI batch format (ms_atb/openai_batch.py: every invalid line is an error item there),
+    anything else as our own. Duplicate ids stop the reading in both formats."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format must be one of {list(FORMATS)}, got {fmt!r}")
     if path == STDIN:
         lines = sys.stdin.buffer.read().splitlines(keepends=True)
         name, jsonl = STDIN_NAME, _starts_with_object(lines)
@@ -28,23 +41,41 @@ def read_requests(path: str, skip_invalid: bool = False) -> list[dict]:
         with open(path, "rb") as f:
             lines = f.readlines()
         name, jsonl = path, path.endswith((".jsonl", ".json"))
+    openai = fmt == "openai" or fmt == "auto" and jsonl and _first_object_is_batch(lines)
     items = []
     for lineno, raw in enumerate(lines, 1):
         try:
-            items.extend(_parse_line(raw, lineno, name, jsonl))
+            items.extend(_parse_line(raw, lineno, name, jsonl, openai))
         except ValueError as e:
+            if openai:
+                items.append(error_item(lineno, str(e), "invalid_json_line"))
+                continue
             if not skip_invalid:
                 raise
             rid = getattr(e, "request_id", None)
             items.append({"id": f"line-{lineno}" if rid is None else rid, "_line": lineno, "_error": str(e)})
     if not items:
         raise ValueError(f"--input {name!r} holds no prompts")
-    seen = set()                  # 7 and "7" are different ids; True is not an id
+    seen = {}                     # id -> its line; 7 and "7" are different ids; True is not an id
+    key = "custom_id" if openai else "id"
     for item in items:
         if item["id"] in seen:
-            raise ValueError(f"{name}: id {json.dumps(item['id'])} appears more than once")
-        seen.add(item["id"])
-    return items
+            raise ValueError(f"{name}: {key} {json.dumps(item['id'])} appears more than once (lines "
+                             f"{seen[item['id']]} and {item['_line']}); each request needs its own")
+        seen[item["id"]] = item.get("_line")
+    return ("openai" if openai else "ms_atb"), items
+
+
+def _first_object_is_batch(lines: list[bytes]) -> bool:
+    """True if the first line that is a JSON object is an OpenAI batch line."""
+    for raw in lines:
+        try:
+            obj = json.loads(raw.removeprefix(b"\xef\xbb\xbf"))
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return is_batch_line(obj)
+    return False
 
 
 def _starts_with_object(lines: list[bytes]) -> bool:
@@ -58,14 +89,16 @@ def is_id(value) -> bool:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
-def _parse_line(raw: bytes, lineno: int, path: str, jsonl: bool) -> list[dict]:
-    """[] for a blank line, else [one request]."""
+def _parse_line(raw: bytes, lineno: int, path: str, jsonl: bool, openai: bool) -> list[dict]:
+    """[] for a blank line, else [one request] (in the OpenAI batch format, possibly an error item)."""
     try:
         line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")   # a BOM, CRLF
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
     if not line.strip():
         return []
+    if openai:
+        return [parse_line(line, lineno, path)]
     if not jsonl:
         return [{"id": f"line-{lineno}", "prompt": line.replace("\\n", "\n")}]
     try:
