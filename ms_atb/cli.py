@@ -58,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     existing.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--chat", action="store_true", help="apply the chat template to plain prompts")
     p.add_argument("--skip-invalid", action="store_true",
-                   help="write an error line for each invalid request and run the others (default: stop)")
+                   help="write an error line for each invalid request and run the others (default: stop; OpenAI "
+                        "batch input always does)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config leaf, e.g. --set num_blocks=256 (YAML value syntax)")
     for name, typ in SAMPLING_FLAGS.items():
