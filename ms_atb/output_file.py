@@ -101,8 +101,8 @@ def _read_holder(fd: int) -> str:
 def done_ids(path: str) -> set:
     """Ids already written: lines with an id and a result (token_ids, text) or an error (OpenAI batch lines:
     their custom_id). A torn last line (the run was killed mid-write: no newline, and the start of a result
-    line) is cut off, and a complete last line that lost only its newline gets it back. Any other line that is not a result is an error, so
-    results, and files that are not ours, are never truncated away."""
+    line) is cut off, and a complete last line that lost only its newline gets it back. Any other line that is
+    not a result is an error, so results, and files that are not ours, are never truncated away."""
     if not os.path.exists(path):
         return set()
     size = os.path.getsize(path)

@@ -3,8 +3,8 @@
 Formats: JSONL (one object a line with "prompt" or "messages", an optional "id" and sampling fields) or
 text (one prompt a line; "\\n" in a line is a newline). A file is JSONL when its name ends in .jsonl or
 .json; standard input is JSONL when its first non-blank line starts with "{". An "id" keeps its JSON type:
-7 and "7" are different ids. A line without one gets the id "line-<N>". The OpenAI batch format (ms_atb/openai_batch.py) is read too:
-chosen by --format openai, or found by --format auto.
+7 and "7" are different ids. A line without one gets the id "line-<N>". The OpenAI batch format
+(ms_atb/openai_batch.py) is read too: chosen by --format openai, or found by --format auto.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """ms-atb-generate's OpenAI batch format: lines mapped onto requests, both endpoints on the tiny engine, one
 error line per invalid line, usage counts, --resume by custom_id, duplicate custom_ids."""
+import io
 import json
 import os
 import signal
@@ -77,7 +78,7 @@ def test_a_bad_line_is_an_error_item_naming_what_is_wrong(line, code, words):
     assert item["id"] == ("a" if '"custom_id": "a"' in line else ("line", 1))
 
 
-def test_the_format_is_found_and_duplicate_custom_ids_stop_the_reading(tmp_path):
+def test_the_format_is_found_and_duplicate_custom_ids_stop_the_reading(tmp_path, monkeypatch):
     path = tmp_path / "p.jsonl"
     ok = batch_line("a", messages=[{"role": "user", "content": "x"}])
     path.write_text("{broken\n" + ok + "\n")
@@ -88,20 +89,25 @@ def test_the_format_is_found_and_duplicate_custom_ids_stop_the_reading(tmp_path)
     txt = tmp_path / "p.txt"
     txt.write_text(ok + "\n")
     assert read_input(str(txt))[0] == "ms_atb" and read_input(str(txt), "openai")[1][0]["id"] == "a"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n" + ok.encode() + b"\n")))
+    assert read_input("-")[0] == "openai"
     bad_url = batch_line("a", "/v1/embeddings")             # an error line's custom_id counts too
     for content in (ok + "\n" + batch_line("b", prompt="y") + "\n\n" + ok + "\n",
                     "\n" + ok + "\n" + bad_url + "\n"):
         path.write_text(content)
         lines = [n for n, text in enumerate(content.splitlines(), 1) if '"custom_id": "a"' in text]
-        with pytest.raises(ValueError, match=rf'custom_id "a" appears more than once \(lines {lines[0]} and {lines[1]}\)'):
+        message = rf'custom_id "a" appears more than once \(lines {lines[0]} and {lines[1]}\)'
+        with pytest.raises(ValueError, match=message):
             read_input(str(path))
 
 
 def test_resume_counts_custom_ids_and_error_lines(tmp_path):
     out = tmp_path / "o.jsonl"
+    def error(line):
+        return {"code": "x", "message": "m", "line": line}
     lines = [{"id": "batch_req_1", "custom_id": "a", "response": {"status_code": 200}, "error": None},
-             {"id": "batch_req_2", "custom_id": "b", "response": None, "error": {"code": "x", "message": "m", "line": 2}},
-             {"id": "batch_req_3", "custom_id": None, "response": None, "error": {"code": "x", "message": "m", "line": 3}}]
+             {"id": "batch_req_2", "custom_id": "b", "response": None, "error": error(2)},
+             {"id": "batch_req_3", "custom_id": None, "response": None, "error": error(3)}]
     text = "".join(json.dumps(r) + "\n" for r in lines)
     out.write_text(text + '{"id": "batch_req_4", "custom_id": "d", "resp')
     assert done_ids(str(out)) == {"a", "b", ("line", 3)}
@@ -185,7 +191,8 @@ def test_both_endpoints_error_lines_and_usage(tmp_path, capsys, cli_on_tiny_engi
                              use_tqdm=False)[0]
     lp = check("lp_text", want, False)["choices"][0]["logprobs"]
     assert lp["token_logprobs"] == pytest.approx([a[t] for a, t in zip(want.logprobs, want.token_ids)], abs=1e-4)
-    assert [len(d) for d in lp["top_logprobs"]] == [len({tok.token_bytes(t).decode("utf-8", "replace") for t in a}) for a in want.logprobs]
+    texts = [{tok.token_bytes(t).decode("utf-8", "replace") for t in a} for a in want.logprobs]
+    assert [len(d) for d in lp["top_logprobs"]] == [len(t) for t in texts]      # the chosen token and the top 2
     assert bodies["text"]["choices"][0]["logprobs"] is None
 
 
