@@ -176,7 +176,7 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
         if "_error" in item:
             invalid.append(error_record(item, item["_error"]))
             continue
-        where = f"{source}:{item.get('_line', n + 1)} (id {item['id']!r})"
+        where = f"{source}:{item.get('_line', n + 1)} ({'custom_id' if openai else 'id'} {item['id']!r})"
         fields = {k: v for k, v in item.items() if k not in ("id", "prompt", "messages", "_line", "_openai")}
         if beam is not None and set(fields) - set(BEAM_FIELDS):
             reject(item, f"{where}: under --beam-width a request may set only {list(BEAM_FIELDS)}, "

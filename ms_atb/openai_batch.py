@@ -228,13 +228,14 @@ def _logprob(value: float) -> float:
 
 def _chat_logprobs(c, tokenizer, top: int) -> dict:
     """{"content": [{"token", "logprob", "bytes", "top_logprobs": the `top` most likely}]}, one per token."""
+    def entry(token_id: int, logprob: float) -> dict:
+        text, raw = _token(tokenizer, token_id)
+        return {"token": text, "logprob": _logprob(logprob), "bytes": raw}
+
     content = []
     for token_id, alternatives in zip(c.token_ids, c.logprobs):
-        text, raw = _token(tokenizer, token_id)
         best = sorted(alternatives.items(), key=lambda kv: -kv[1])[:top]
-        content.append({"token": text, "logprob": _logprob(alternatives[token_id]), "bytes": raw,
-                        "top_logprobs": [{"token": _token(tokenizer, t)[0], "logprob": _logprob(lp),
-                                          "bytes": _token(tokenizer, t)[1]} for t, lp in best]})
+        content.append({**entry(token_id, alternatives[token_id]), "top_logprobs": [entry(*kv) for kv in best]})
     return {"content": content}
 
 

@@ -146,9 +146,10 @@ def test_both_endpoints_error_lines_and_usage(tmp_path, capsys, cli_on_tiny_engi
     for key, code, words in ((4, "invalid_json_line", "batch.jsonl:4: not valid JSON"),
                              ("emb", "invalid_url", "/v1/embeddings"),
                              ("stream", "unsupported_parameter", "stream: true"),
-                             ("long", "invalid_request", "max_model_len")):
+                             ("long", "invalid_request", "batch.jsonl:7 (custom_id 'long'): ")):
         row = rows[key]
         assert row["response"] is None and row["error"]["code"] == code and words in row["error"]["message"], row
+    assert "max_model_len" in rows["long"]["error"]["message"]
     bodies = {k: r["response"]["body"] for k, r in rows.items() if r["error"] is None}
     assert sorted(bodies) == ["chat", "ids", "lp_chat", "lp_text", "seed", "text"]
     assert all(rows[k]["response"]["status_code"] == 200 for k in bodies)
