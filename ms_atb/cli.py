@@ -43,7 +43,7 @@ BEAM_CHUNK = 16                                 # prompts per beam search call: 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ms-atb-generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="YAML config, HF directory or .gguf file")
+    p.add_argument("--config", help="YAML config, HF directory or .gguf file (required unless --merge)")
     p.add_argument("--input", required=True,
                    help="prompts: .txt (one per line) or .jsonl; - reads standard input (JSONL if its first line "
                         "starts with '{', else text)")
@@ -68,7 +68,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--length-penalty", type=float, default=1.0,
                    help="beam search: a beam's score is its log-probability / its tokens ** this (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    p.add_argument("--merge", action="store_true",
+                   help="only merge the part files of a data-parallel job into --output, in --input order")
+    args = p.parse_args(argv)
+    if args.config is None and not args.merge:
+        p.error("the following arguments are required: --config")
+    return args
 
 
 def main(argv=None) -> int:
@@ -79,7 +84,7 @@ def main(argv=None) -> int:
         watch_signals()
     args = parse_args(argv)
     try:
-        return _main(args)
+        return _merge(args) if args.merge else _main(args)
     except ValueError as e:
         print(f"ms-atb-generate: error: {e}", file=sys.stderr)
         return 2
@@ -115,6 +120,23 @@ def _main(args) -> int:
         return _run(args, items, held)
 
 
+def _merge(args) -> int:
+    """--merge: the output and its parts merged into the output; 0 when it holds every input id, else 1."""
+    from ms_atb import data_parallel
+    ids = [item["id"] for item in read_requests(args.input, skip_invalid=True)]
+    if not data_parallel.part_paths(args.output):
+        raise ValueError(f"--output {args.output!r} has no part files ({args.output}.part<k>-of-<n>) to merge")
+    with OutputLock(args.output):
+        result = data_parallel.merge(args.output, ids)
+    print(f"[ms_atb] merged {result.num_written} results from {len(result.parts)} part files into {args.output}",
+          file=sys.stderr)
+    if result.missing:
+        print(f"ms-atb-generate: {len(result.missing)} input ids have no result (first {result.missing[0]!r}); the "
+              f"parts are kept: rerun the job with --resume to finish", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     import yaml
     from ms_atb.worker.distributed import world_size_from_env
@@ -146,9 +168,29 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
                              f"got {['--' + f.replace('_', '-') for f in flags]}")
     # tokenizer and limits: prompts are checked before the build; scheduler.policy "auto" means "prefix" here
     llm = LLM.prepare(args.config, default_policy="prefix", **overrides)
+    # Data parallelism (ms_atb/data_parallel.py): replica k's tp rank 0 writes part k; the last one done merges.
+    from ms_atb import data_parallel
+    dp, all_ids = cfg.parallel.data_parallel_size, [item["id"] for item in items]
+    target = args.output if dp == 1 else data_parallel.part_path(args.output, llm.replica, dp)
     if llm.rank == 0 and world_size_from_env() is not None:
-        held.enter_context(OutputLock(args.output))
-    skip = done_ids(args.output) if args.resume else set()
+        held.enter_context(OutputLock(target))
+    # Part files of another layout (or of a dp 1 run) are stale; another replica's part is its own business.
+    layout = {data_parallel.part_path(args.output, k, dp) for k in range(dp)} if dp > 1 else set()
+    parts = data_parallel.part_paths(args.output)
+    mine = [p for p in parts if p == target or p not in layout]
+    if mine and not (args.resume or args.overwrite):
+        raise ValueError(f"--output {args.output!r} has the part file {mine[0]}: pass --resume to continue the "
+                         f"job or --overwrite")
+    if args.overwrite and llm.rank == 0:
+        for path in ([args.output] if dp > 1 else []) + [p for p in parts if p not in layout]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        parts = [p for p in parts if p in layout]
+    skip = set()
+    if args.resume:
+        skip = done_ids(target) | data_parallel.read_results(args.output).keys()
+        for path in parts:
+            skip |= data_parallel.read_results(path).keys()
     source = STDIN_NAME if args.input == STDIN else args.input
     invalid = []                  # error records of the requests skipped by --skip-invalid
 
@@ -192,16 +234,24 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
                                              add_special_tokens=special))
         except ValueError as e:     # make_request names the request by its index; `where` names the line
             reject(item, f"{where}: {str(e).removeprefix(f'request {len(requests)}: ')}")
+    replica = ""
+    if dp > 1:            # every request was checked above; this replica runs its share
+        shares = data_parallel.split([data_parallel.prompt_tokens(llm, item, args.chat) for item in items], dp)
+        share = {items[i]["id"] for i in shares[llm.replica]}
+        requests = [r for r in requests if ids[r.request_id] in share]
+        invalid = [x for x in invalid if x["id"] in share]
+        replica = f"replica {llm.replica} of {dp}: "
     llm.build()
     rank0 = llm.rank == 0
     if rank0:
         skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""
-        print(f"[ms_atb] {len(requests)} requests to run ({len(skip)} already in {args.output}{skipped}); "
-              f"engine built in {llm.build_seconds:.1f} s", file=sys.stderr)
+        print(f"[ms_atb] {replica}{len(requests)} requests to run ({len(skip)} already in {args.output}"
+              f"{' and its parts' if parts else ''}{skipped}); engine built in {llm.build_seconds:.1f} s",
+              file=sys.stderr)
     outputs = []
     t0 = time.perf_counter()
     try:
-        out = open(args.output, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
+        out = open(target, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
     except OSError as e:
         raise ValueError(f"--output {args.output!r} cannot be written ({e.strerror})") from None
     try:
@@ -228,6 +278,9 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
               f"({tokens / max(elapsed, 1e-9):.1f}/s)", file=sys.stderr)
     elif rank0:
         print(format_summary(summarize(outputs, time.perf_counter() - t0, llm.stats())), file=sys.stderr)
+    if rank0 and (dp > 1 or parts):
+        merged = data_parallel.merge_if_done(args.output, all_ids, output_locked=dp == 1)
+        print(f"[ms_atb] {replica}{merged or 'done; the last replica to finish merges the parts'}", file=sys.stderr)
     return 0
 
 
