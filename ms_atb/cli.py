@@ -170,6 +170,9 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     llm = LLM.prepare(args.config, default_policy="prefix", **overrides)
     # Data parallelism (ms_atb/data_parallel.py): replica k's tp rank 0 writes part k; the last one done merges.
     from ms_atb import data_parallel
+    if world_size_from_env() is not None:         # scripts/msrun_generate.sh names a failed rank by its pid
+        from ms_atb.worker.distributed import global_rank
+        print(f"[ms_atb] msrun rank {global_rank()} is pid {os.getpid()}", file=sys.stderr, flush=True)
     dp, all_ids = cfg.parallel.data_parallel_size, [item["id"] for item in items]
     target = args.output if dp == 1 else data_parallel.part_path(args.output, llm.replica, dp)
     if llm.rank == 0 and world_size_from_env() is not None:
