@@ -152,3 +152,90 @@ def test_launch_is_checked_against_dp_times_tp(monkeypatch):
     with pytest.raises(SystemExit) as stopped:                         # msrun's scheduler has no job
         init_distributed(1, 2)
     assert stopped.value.code == 0
+
+
+# ---------------------------------------------------------------- under msrun
+
+MSRUN_TIMEOUT = 300
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_job(argv: list[str], log_dir) -> subprocess.Popen:
+    """scripts/msrun_generate.sh --dp 2 -n 1 in a process group of its own."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bin_dir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), MS_ATB_QUIET="1")
+    for name in ("MS_WORKER_NUM", "MS_ROLE", "MS_NODE_ID", "RANK_ID"):
+        env.pop(name, None)
+    command = ["bash", os.path.join(root, "scripts", "msrun_generate.sh"), "-n", "1", "--dp", "2",
+               "--master-port", str(_free_port()), "--log-dir", str(log_dir), "--"] + argv
+    return subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=MSRUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the msrun job ran over {MSRUN_TIMEOUT} s\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+def _complete_lines(path) -> list[dict]:
+    with open(path, "rb") as f:
+        return [json.loads(raw) for raw in f if raw.endswith(b"\n")]     # a torn last line may follow
+
+
+@pytest.mark.slow
+def test_dp2_under_msrun_killed_replica_then_resume_equals_one_process(cli_on_tiny_engine, tmp_path, capsys):
+    inp, ref, out = tmp_path / "in.jsonl", str(tmp_path / "ref.jsonl"), str(tmp_path / "out.jsonl")
+    rng = random.Random(4)
+    ids = [f"p{i}" for i in range(16)]
+    inp.write_text("".join(json.dumps({"id": rid, "prompt": [rng.randrange(500) for _ in range(rng.randrange(3, 40))]})
+                           + "\n" for rid in ids))
+    argv = ["--config", TINY_CONFIG, "--input", str(inp), "--max-tokens", "12", "--ignore-eos",
+            "--no-progress"] + TINY_CLI_SET
+    assert main(argv + ["--output", ref]) == 0                       # one process: the reference
+    want = {x["id"]: x["token_ids"] for x in _complete_lines(ref)}
+    capsys.readouterr()
+
+    # Replica 1 is killed once it has written a line: msrun ends replica 0, the job fails naming rank 1.
+    job = _start_job(argv + ["--output", out], tmp_path / "log1")
+    part1 = data_parallel.part_path(out, 1, 2)
+    end = time.monotonic() + MSRUN_TIMEOUT
+    while job.poll() is None and time.monotonic() < end and not (
+            os.path.exists(part1) and len(_complete_lines(part1)) >= 1):
+        time.sleep(0.05)
+    with open(part1 + ".lock") as f:                                # "pid P on host": replica 1's writer
+        os.kill(int(f.read().split()[1]), signal.SIGKILL)
+    t_kill = time.monotonic()
+    rc, log = _finish(job)
+    assert rc != 0, log[-3000:]
+    assert "rank 1 failed first" in log, log[-3000:]
+    assert time.monotonic() - t_kill < 60                           # the survivor was stopped, not waited for
+    kept = {}
+    for k in (0, 1):
+        lines = _complete_lines(data_parallel.part_path(out, k, 2))    # every written line is a whole result
+        assert all(x["token_ids"] == want[x["id"]] for x in lines)
+        kept.update((x["id"], x) for x in lines)
+    assert 1 <= len(kept) < len(ids) and not os.path.exists(out)      # part of the job, not merged
+
+    # --resume runs only what is missing; the last replica merges: the single process's output, in input order.
+    rc, log = _finish(_start_job(argv + ["--output", out, "--resume"], tmp_path / "log2"))
+    assert rc == 0, log[-3000:]
+    with open(tmp_path / "log2" / "worker_0.log") as f0, open(tmp_path / "log2" / "worker_1.log") as f1:
+        runs = [int(ln.split(": ")[1].split()[0]) for ln in f0.read().splitlines() + f1.read().splitlines()
+                if "requests to run" in ln]
+    assert sum(runs) == len(ids) - len(kept)
+    lines = _complete_lines(out)
+    assert [x["id"] for x in lines] == ids
+    assert {x["id"]: x["token_ids"] for x in lines} == want
+    assert data_parallel.part_paths(out) == []
