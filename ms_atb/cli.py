@@ -181,7 +181,7 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     layout = {data_parallel.part_path(args.output, k, dp) for k in range(dp)} if dp > 1 else set()
     parts = data_parallel.part_paths(args.output)
     mine = [p for p in parts if p == target or p not in layout]
-    if mine and not (args.resume or args.overwrite):
+    if mine and llm.rank == 0 and not (args.resume or args.overwrite):      # the other ranks may see it made
         raise ValueError(f"--output {args.output!r} has the part file {mine[0]}: pass --resume to continue the "
                          f"job or --overwrite")
     if args.overwrite and llm.rank == 0:
