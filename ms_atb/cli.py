@@ -244,7 +244,9 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
         requests = [r for r in requests if ids[r.request_id] in share]
         invalid = [x for x in invalid if x["id"] in share]
         replica = f"replica {llm.replica} of {dp}: "
-    llm.build()
+    idle = dp > 1 and not requests         # this replica's share is done: no model to build
+    if not idle:
+        llm.build()
     rank0 = llm.rank == 0
     if rank0:
         skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""
@@ -258,8 +260,8 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     except OSError as e:
         raise ValueError(f"--output {args.output!r} cannot be written ({e.strerror})") from None
     try:
-        records = (_beam_records(llm, requests, beam, outputs, ids, not args.no_progress) if beam is not None
-                   else _sample_records(llm, requests, outputs, ids, not args.no_progress))
+        records = (() if idle else _beam_records(llm, requests, beam, outputs, ids, not args.no_progress)
+                   if beam is not None else _sample_records(llm, requests, outputs, ids, not args.no_progress))
         for record in itertools.chain(invalid, records):
             if out is not None:
                 try:
@@ -279,7 +281,7 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
         tokens = sum(len(o.sequences[0].token_ids) for o in outputs)
         print(f"[ms_atb] beam search: {len(outputs)} requests in {elapsed:.1f} s, {tokens} best-beam tokens "
               f"({tokens / max(elapsed, 1e-9):.1f}/s)", file=sys.stderr)
-    elif rank0:
+    elif rank0 and not idle:
         print(format_summary(summarize(outputs, time.perf_counter() - t0, llm.stats())), file=sys.stderr)
     if rank0 and (dp > 1 or parts):
         merged = data_parallel.merge_if_done(args.output, all_ids, output_locked=dp == 1)
