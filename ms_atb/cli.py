@@ -11,6 +11,10 @@ others run; --resume counts those lines as done.
 One job writes an output at a time: a second one exits with status 2 at once, whatever its mode
 (ms_atb/output_file.py). Exit status: 0 done, 2 a usage or input error, 130 Ctrl-C, 143 SIGTERM; after
 an interruption the output holds complete result lines only.
+
+With parallel.data_parallel_size > 1 (under msrun) each replica runs its share of the input into a part file
+and the last one done merges them into the output (ms_atb/data_parallel.py); `--merge` does it by hand and
+exits 1 while an input id has no result.
 """
 from __future__ import annotations
 
