@@ -14,7 +14,7 @@
 #   --node-rank R        this machine's index, 0..K-1 (default 0); run the script once on each machine
 #   --master-addr ADDR   address of node 0, where msrun's scheduler listens (default 127.0.0.1)
 #   --master-port PORT   the scheduler's port (default 8118)
-#   --log-dir DIR        one log per worker plus scheduler.log (default msrun_log)
+#   --log-dir DIR        one log per worker, scheduler.log and msrun.log (default msrun_log)
 # On failure the exit status is msrun's (non-zero) and the rank that failed first is named.
 # Example, 2 ranks on this machine:
 #   scripts/msrun_generate.sh -n 2 -- --config configs/tiny_llama.yaml --input prompts.txt --output out.jsonl
@@ -22,7 +22,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TP=2 DP=1 NODES=1 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=8118 LOG_DIR=msrun_log
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "msrun_generate.sh: $1 needs a value" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
