@@ -94,7 +94,9 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt as e:
         what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"ms-atb-generate: {what}; the results written so far are in {args.output}: rerun with "
+        from ms_atb.data_parallel import part_paths
+        where = f"{args.output} and its part files" if part_paths(args.output) else args.output
+        print(f"ms-atb-generate: {what}; the results written so far are in {where}: rerun with "
               f"--resume to finish", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
 
