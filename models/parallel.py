@@ -8,6 +8,8 @@ Rules (stable; the loader slices with them):
   are replicated.
   Heads are split contiguously by rank. When tp_size > num_kv_heads the KV heads are replicated:
   rank r holds KV head r * num_kv_heads // tp_size (the one its query heads attend with).
+  The AllReduces run over the process's tensor-parallel group: the whole world unless data parallelism
+  made one group per replica (set_tp_group, before the model is built).
 """
 import re
 
@@ -26,6 +28,19 @@ _REPLICATED_RE = re.compile(
     r"^(model\.embed_tokens\.weight|model\.norm\.weight|lm_head\.weight"
     r"|model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight"
     r"|model\.layers\.\d+\.self_attn\.(q_norm|k_norm)\.weight)$")
+
+
+_tp_group: str | None = None       # None: MindSpore's world group
+
+
+def set_tp_group(name: str | None) -> None:
+    """The communication group of this process's tensor-parallel ranks (one engine per process)."""
+    global _tp_group
+    _tp_group = name
+
+
+def tp_group() -> str | None:
+    return _tp_group
 
 
 def validate_tp(config, tp_size: int) -> None:
@@ -148,7 +163,8 @@ class RowParallelLinear(_Linear):
                  dtype=ms.float32, device: str = "cpu"):
         super().__init__(in_features, out_features, dtype, device)  # in_features: per rank
         self.tp_size = tp_size
-        self.all_reduce = ops.AllReduce() if tp_size > 1 else None
+        group = {} if _tp_group is None else {"group": _tp_group}
+        self.all_reduce = ops.AllReduce(**group) if tp_size > 1 else None
         # MindSpore's CPU collectives sum float32 only; on Ascend reduce in the model's dtype.
         self.reduce_in_fp32 = ms.get_context("device_target") == "CPU"
 

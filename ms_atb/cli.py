@@ -12,6 +12,10 @@ and written too (--format openai, or found by --format auto): there every invali
 One job writes an output at a time: a second one exits with status 2 at once, whatever its mode
 (ms_atb/output_file.py). Exit status: 0 done, 2 a usage or input error, 130 Ctrl-C, 143 SIGTERM; after
 an interruption the output holds complete result lines only.
+
+With parallel.data_parallel_size > 1 (under msrun) each replica runs its share of the input into a part file
+and the last one done merges them into the output (ms_atb/data_parallel.py); `--merge` does it by hand and
+exits 1 while an input id has no result.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ BEAM_CHUNK = 16                                 # prompts per beam search call: 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ms-atb-generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="YAML config, HF directory or .gguf file")
+    p.add_argument("--config", help="YAML config, HF directory or .gguf file (required unless --merge)")
     p.add_argument("--input", required=True,
                    help="prompts: .txt (one per line) or .jsonl; - reads standard input (JSONL if its first line "
                         "starts with '{', else text)")
@@ -74,7 +78,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--length-penalty", type=float, default=1.0,
                    help="beam search: a beam's score is its log-probability / its tokens ** this (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    p.add_argument("--merge", action="store_true",
+                   help="only merge the part files of a data-parallel job into --output, in --input order")
+    args = p.parse_args(argv)
+    if args.config is None and not args.merge:
+        p.error("the following arguments are required: --config")
+    return args
 
 
 def main(argv=None) -> int:
@@ -85,13 +94,15 @@ def main(argv=None) -> int:
         watch_signals()
     args = parse_args(argv)
     try:
-        return _main(args)
+        return _merge(args) if args.merge else _main(args)
     except ValueError as e:
         print(f"ms-atb-generate: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"ms-atb-generate: {what}; the results written so far are in {args.output}: rerun with "
+        from ms_atb.data_parallel import part_paths
+        where = f"{args.output} and its part files" if part_paths(args.output) else args.output
+        print(f"ms-atb-generate: {what}; the results written so far are in {where}: rerun with "
               f"--resume to finish", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
 
@@ -121,6 +132,23 @@ def _main(args) -> int:
         if world_size_from_env() is None:
             held.enter_context(OutputLock(args.output))
         return _run(args, items, held)
+
+
+def _merge(args) -> int:
+    """--merge: the output and its parts merged into the output; 0 when it holds every input id, else 1."""
+    from ms_atb import data_parallel
+    ids = [item["id"] for item in read_requests(args.input, skip_invalid=True)]
+    if not data_parallel.part_paths(args.output):
+        raise ValueError(f"--output {args.output!r} has no part files ({args.output}.part<k>-of-<n>) to merge")
+    with OutputLock(args.output):
+        result = data_parallel.merge(args.output, ids)
+    print(f"[ms_atb] merged {result.num_written} results from {len(result.parts)} part files into {args.output}",
+          file=sys.stderr)
+    if result.missing:
+        print(f"ms-atb-generate: {len(result.missing)} input ids have no result (first {result.missing[0]!r}); the "
+              f"parts are kept: rerun the job with --resume to finish", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
@@ -154,9 +182,32 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
                              f"got {['--' + f.replace('_', '-') for f in flags]}")
     # tokenizer and limits: prompts are checked before the build; scheduler.policy "auto" means "prefix" here
     llm = LLM.prepare(args.config, default_policy="prefix", **overrides)
+    # Data parallelism (ms_atb/data_parallel.py): replica k's tp rank 0 writes part k; the last one done merges.
+    from ms_atb import data_parallel
+    if world_size_from_env() is not None:         # scripts/msrun_generate.sh names a failed rank by its pid
+        from ms_atb.worker.distributed import global_rank
+        print(f"[ms_atb] msrun rank {global_rank()} is pid {os.getpid()}", file=sys.stderr, flush=True)
+    dp, all_ids = cfg.parallel.data_parallel_size, [item["id"] for item in items]
+    target = args.output if dp == 1 else data_parallel.part_path(args.output, llm.replica, dp)
     if llm.rank == 0 and world_size_from_env() is not None:
-        held.enter_context(OutputLock(args.output))
-    skip = done_ids(args.output) if args.resume else set()
+        held.enter_context(OutputLock(target))
+    # Part files of another layout (or of a dp 1 run) are stale; another replica's part is its own business.
+    layout = {data_parallel.part_path(args.output, k, dp) for k in range(dp)} if dp > 1 else set()
+    parts = data_parallel.part_paths(args.output)
+    mine = [p for p in parts if p == target or p not in layout]
+    if mine and llm.rank == 0 and not (args.resume or args.overwrite):      # the other ranks may see it made
+        raise ValueError(f"--output {args.output!r} has the part file {mine[0]}: pass --resume to continue the "
+                         f"job or --overwrite")
+    if args.overwrite and llm.rank == 0:
+        for path in ([args.output] if dp > 1 else []) + [p for p in parts if p not in layout]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        parts = [p for p in parts if p in layout]
+    skip = set()
+    if args.resume:
+        skip = done_ids(target) | data_parallel.read_results(args.output).keys()
+        for path in parts:
+            skip |= data_parallel.read_results(path).keys()
     source = STDIN_NAME if args.input == STDIN else args.input
     invalid = []                  # error records of the requests skipped by --skip-invalid
     openai = args.format == "openai"          # every invalid line is an error line in this format
@@ -204,23 +255,33 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
                                              add_special_tokens=special))
         except ValueError as e:     # make_request names the request by its index; `where` names the line
             reject(item, f"{where}: {str(e).removeprefix(f'request {len(requests)}: ')}")
-    llm.build()
+    replica = ""
+    if dp > 1:            # every request was checked above; this replica runs its share
+        shares = data_parallel.split([data_parallel.prompt_tokens(llm, item, args.chat) for item in items], dp)
+        share = {items[i]["id"] for i in shares[llm.replica]}
+        requests = [r for r in requests if ids[r.request_id] in share]
+        invalid = [x for x in invalid if x["id"] in share]
+        replica = f"replica {llm.replica} of {dp}: "
+    idle = dp > 1 and not requests         # this replica's share is done: no model to build
+    if not idle:
+        llm.build()
     rank0 = llm.rank == 0
     if rank0:
         skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""
-        print(f"[ms_atb] {len(requests)} requests to run ({len(skip)} already in {args.output}{skipped}); "
-              f"engine built in {llm.build_seconds:.1f} s", file=sys.stderr)
+        print(f"[ms_atb] {replica}{len(requests)} requests to run ({len(skip)} already in {args.output}"
+              f"{' and its parts' if parts else ''}{skipped}); engine built in {llm.build_seconds:.1f} s",
+              file=sys.stderr)
     outputs = []
     t0 = time.perf_counter()
     try:
-        out = open(args.output, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
+        out = open(target, "a" if args.resume else "w", encoding="utf-8") if rank0 else None
     except OSError as e:
         raise ValueError(f"--output {args.output!r} cannot be written ({e.strerror})") from None
     try:
         by_id = {item["id"]: item for item, _, _ in pending}
         line = (lambda rid, o: result_line(by_id[rid], o, llm.tokenizer, cfg.model.path)) if openai else None
-        records = (_beam_records(llm, requests, beam, outputs, ids, not args.no_progress) if beam is not None
-                   else _sample_records(llm, requests, outputs, ids, not args.no_progress, line))
+        records = (() if idle else _beam_records(llm, requests, beam, outputs, ids, not args.no_progress)
+                   if beam is not None else _sample_records(llm, requests, outputs, ids, not args.no_progress, line))
         for record in itertools.chain(invalid, records):
             if out is not None:
                 try:
@@ -240,8 +301,11 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
         tokens = sum(len(o.sequences[0].token_ids) for o in outputs)
         print(f"[ms_atb] beam search: {len(outputs)} requests in {elapsed:.1f} s, {tokens} best-beam tokens "
               f"({tokens / max(elapsed, 1e-9):.1f}/s)", file=sys.stderr)
-    elif rank0:
+    elif rank0 and not idle:
         print(format_summary(summarize(outputs, time.perf_counter() - t0, llm.stats())), file=sys.stderr)
+    if rank0 and (dp > 1 or parts):
+        merged = data_parallel.merge_if_done(args.output, all_ids, output_locked=dp == 1)
+        print(f"[ms_atb] {replica}{merged or 'done; the last replica to finish merges the parts'}", file=sys.stderr)
     return 0
 
 

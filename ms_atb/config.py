@@ -61,6 +61,7 @@ class SchedulerSection:
 @dataclass
 class ParallelSection:
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1     # independent engine replicas, each of tensor_parallel_size ranks (msrun)
 
 
 @dataclass
@@ -177,7 +178,8 @@ class EngineConfig:
         for name, value in (("kv_cache.block_size", kv.block_size),
                             ("scheduler.max_num_seqs", sc.max_num_seqs),
                             ("scheduler.max_num_batched_tokens", sc.max_num_batched_tokens),
-                            ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size)):
+                            ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size),
+                            ("parallel.data_parallel_size", self.parallel.data_parallel_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if kv.num_blocks != "auto" and (not isinstance(kv.num_blocks, int) or kv.num_blocks < 1):

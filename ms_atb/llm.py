@@ -9,7 +9,7 @@ from typing import Iterator, Sequence as Seq, Union
 
 from ms_atb import memory_budget
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
-from ms_atb.worker.distributed import init_distributed, spmd_sampler
+from ms_atb.worker.distributed import init_distributed, replica_index, spmd_sampler
 from ms_atb.outputs import RequestOutput
 from ms_atb.worker.sampler import Sampler
 from ms_atb.sampling_params import SamplingParams
@@ -57,7 +57,8 @@ class LLM:
         tp = cfg.parallel.tensor_parallel_size
         self.model_config = load_config(cfg.model.path)
         validate_tp(self.model_config, tp)
-        self.rank = init_distributed(tp)
+        self.rank = init_distributed(tp, cfg.parallel.data_parallel_size)      # within this replica
+        self.replica = replica_index(tp, cfg.parallel.data_parallel_size)
         max_pos = getattr(self.model_config, "max_position_embeddings", None)
         self.max_model_len = cfg.model.max_model_len
         window = getattr(self.model_config, "sliding_window", None)

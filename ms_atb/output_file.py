@@ -111,7 +111,7 @@ def done_ids(path: str) -> set:
         for lineno, raw in enumerate(f, 1):
             last = raw
             if raw.strip():
-                rid = _result_id(raw)
+                rid = result_id(raw)
                 if rid is None:
                     torn = (good + len(raw) == size and not raw.endswith(b"\n")
                             and (raw.startswith(RESULT_START) or RESULT_START.startswith(raw)))
@@ -132,7 +132,7 @@ def done_ids(path: str) -> set:
     return ids
 
 
-def _result_id(raw: bytes):
+def result_id(raw: bytes):
     """The id of a result line (a string or an integer; for an OpenAI batch line its custom_id, or ("line", N)
     for an error line without one), or None if the line is not one."""
     try:

@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# Tensor-parallel offline generation: msrun starts one process per card, each runs scripts/generate.py
-# (ms-atb-generate) on the same prompts; rank 0 writes --output and the progress.
+# Parallel offline generation: msrun starts one process per card, each runs scripts/generate.py
+# (ms-atb-generate). Tensor parallelism: the N ranks of a replica run the same prompts and its rank 0 writes.
+# Data parallelism: D independent replicas each run their share of the prompts into <output>.part<k>-of-<D>;
+# the last one done merges them into --output (ms-atb-generate --merge does it by hand).
 #
 #   scripts/msrun_generate.sh [launch options] -- <ms-atb-generate arguments>
 #
-# Launch options (tensor-parallel size = total number of workers; it is passed to the engine as
-# --set tensor_parallel_size=N, before your own --set options, so an explicit one still wins):
-#   -n, --tp N           tensor-parallel size, the total number of workers (default 2)
-#   --nodes K            machines taking part (default 1); each runs N/K workers
+# Launch options (the sizes are passed to the engine as --set tensor_parallel_size=N --set
+# data_parallel_size=D, before your own --set options, so an explicit one still wins):
+#   -n, --tp N           tensor-parallel size, the ranks of one replica (default 2)
+#   --dp D               data-parallel size, independent replicas (default 1); N x D workers in all
+#   --nodes K            machines taking part (default 1); each runs N x D / K workers
 #   --node-rank R        this machine's index, 0..K-1 (default 0); run the script once on each machine
 #   --master-addr ADDR   address of node 0, where msrun's scheduler listens (default 127.0.0.1)
 #   --master-port PORT   the scheduler's port (default 8118)
-#   --log-dir DIR        one log per worker plus scheduler.log (default msrun_log)
+#   --log-dir DIR        one log per worker, scheduler.log and msrun.log (default msrun_log)
+# On failure the exit status is msrun's (non-zero) and the rank that failed first is named.
 # Example, 2 ranks on this machine:
 #   scripts/msrun_generate.sh -n 2 -- --config configs/tiny_llama.yaml --input prompts.txt --output out.jsonl
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TP=2 NODES=1 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=8118 LOG_DIR=msrun_log
+TP=2 DP=1 NODES=1 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=8118 LOG_DIR=msrun_log
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "msrun_generate.sh: $1 needs a value" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--tp) need "$@"; TP="$2"; shift 2 ;;
+    --dp) need "$@"; DP="$2"; shift 2 ;;
     --nodes) need "$@"; NODES="$2"; shift 2 ;;
     --node-rank) need "$@"; NODE_RANK="$2"; shift 2 ;;
     --master-addr) need "$@"; MASTER_ADDR="$2"; shift 2 ;;
@@ -33,15 +38,16 @@ while [[ $# -gt 0 ]]; do
     *) echo "msrun_generate.sh: unknown option $1 (ms-atb-generate arguments go after --)" >&2; usage 2 ;;
   esac
 done
-for v in TP NODES NODE_RANK MASTER_PORT; do   # decimal only: bash and YAML read a leading 0 as octal
+for v in TP DP NODES NODE_RANK MASTER_PORT; do   # decimal only: bash and YAML read a leading 0 as octal
   [[ "${!v}" =~ ^(0|[1-9][0-9]*)$ ]] || {
     echo "msrun_generate.sh: $v must be a non-negative decimal integer without leading zeros, got '${!v}'" >&2; exit 2; }
 done
 if (( MASTER_PORT < 1 || MASTER_PORT > 65535 )); then
   echo "msrun_generate.sh: --master-port must be in 1..65535, got $MASTER_PORT" >&2; exit 2
 fi
-if (( TP < 1 || NODES < 1 || TP % NODES != 0 )); then
-  echo "msrun_generate.sh: --tp $TP must be >= 1 and a multiple of --nodes $NODES" >&2; exit 2
+WORKERS=$((TP * DP))
+if (( TP < 1 || DP < 1 || NODES < 1 || WORKERS % NODES != 0 )); then
+  echo "msrun_generate.sh: --tp $TP x --dp $DP must be >= 1 and a multiple of --nodes $NODES" >&2; exit 2
 fi
 if (( NODE_RANK >= NODES )); then
   echo "msrun_generate.sh: --node-rank $NODE_RANK must be below --nodes $NODES" >&2; exit 2
@@ -73,9 +79,13 @@ fi
 # signalled with their groups. On SIGINT/SIGTERM all of them get SIGTERM, STOP_GRACE_S seconds to exit,
 # then SIGKILL; after a normal end, whatever is left (the tails) is ended too. No process stays behind.
 STOP_GRACE_S="${MS_ATB_STOP_GRACE_S:-10}"
-setsid msrun --worker_num="$TP" --local_worker_num="$((TP / NODES))" --node_rank="$NODE_RANK" \
+mkdir -p "$LOG_DIR"
+exec {LOG_FD}> >(tee "$LOG_DIR/msrun.log")      # msrun's own output, on the terminal and kept for failed_rank
+TEE=$!
+setsid msrun --worker_num="$WORKERS" --local_worker_num="$((WORKERS / NODES))" --node_rank="$NODE_RANK" \
   --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --log_dir="$LOG_DIR" --join=True \
-  "$ROOT/scripts/generate.py" --set "tensor_parallel_size=$TP" "$@" &
+  "$ROOT/scripts/generate.py" --set "tensor_parallel_size=$TP" --set "data_parallel_size=$DP" "$@" \
+  >&"$LOG_FD" 2>&1 &
 JOB=$!           # a background child of a non-interactive shell leads no group: setsid makes its pid the group id
 
 descendants() { local k; for k in $(pgrep -P "$1" 2>/dev/null); do echo "$k"; descendants "$k"; done; }
@@ -101,11 +111,26 @@ on_signal() {
   echo "msrun_generate.sh: stopping the job (msrun, its scheduler and workers; at most ${STOP_GRACE_S}s)" >&2
   end_job "$STOP_GRACE_S"
   wait "$JOB" 2>/dev/null || true
+  exec {LOG_FD}>&-
+  wait "$TEE" 2>/dev/null || true
   exit "$1"
 }
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
+# msrun logs the pid of the first worker that failed; each worker logs its rank and pid.
+failed_rank() {
+  local pid
+  pid=$(grep -o 'Worker process [0-9]* exit with exception' "$LOG_DIR/msrun.log" 2>/dev/null | head -n 1 | grep -o '[0-9]*')
+  [[ -n "$pid" ]] && grep -ho "^\[ms_atb\] msrun rank [0-9]* is pid $pid\b" "$LOG_DIR"/worker_*.log 2>/dev/null \
+    | head -n 1 | sed 's/.*msrun rank \([0-9]*\).*/\1/'
+}
 rc=0
 wait "$JOB" || rc=$?
 end_job 1
+exec {LOG_FD}>&-
+wait "$TEE" 2>/dev/null || true
+if (( rc != 0 )); then
+  rank=$(failed_rank || true)
+  echo "msrun_generate.sh: the job failed (exit status $rc)${rank:+; rank $rank failed first (see $LOG_DIR/worker_$rank.log)}" >&2
+fi
 exit "$rc"

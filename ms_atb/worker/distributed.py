@@ -10,6 +10,7 @@ without it.
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 
 import numpy as np
@@ -23,32 +24,66 @@ def world_size_from_env() -> int | None:
     return int(n) if n else None
 
 
-def init_distributed(tp_size: int) -> int:
-    """Checks the launch against tensor_parallel_size, initialises communication; returns this rank.
+def init_distributed(tp_size: int, dp_size: int = 1) -> int:
+    """Checks the launch against tensor_parallel_size x data_parallel_size, initialises what tensor
+    parallelism needs; returns this process's rank within its tensor-parallel group.
 
-    Called before any weight is read, so a wrong launch fails in seconds."""
+    Called before any weight is read, so a wrong launch fails in seconds. Global rank g belongs to replica
+    g // tp_size as its tp rank g % tp_size. Replicas share no communicator: with tp_size 1 nothing is
+    initialised (msrun's scheduler process, which runs this script too, has no job then and exits 0 here);
+    with tp_size > 1 and several replicas each replica's ranks form a group of their own."""
     world = world_size_from_env()
-    if tp_size == 1:
+    if not isinstance(dp_size, int) or dp_size < 1:
+        raise ValueError(f"data_parallel_size must be an int >= 1, got {dp_size!r}")
+    if tp_size == 1 and dp_size == 1:
         if world is not None and world > 1:
             raise ValueError(f"tensor_parallel_size is 1 but msrun started {world} workers: each would "
-                             f"run the whole model alone; set tensor_parallel_size={world} or launch "
-                             f"without msrun")
+                             f"run the whole model alone; set data_parallel_size={world} (independent "
+                             f"replicas), tensor_parallel_size={world}, or launch without msrun")
         return 0
+    sizes = (f"tensor_parallel_size {tp_size}" if dp_size == 1 else
+             f"tensor_parallel_size {tp_size} x data_parallel_size {dp_size}")
     if world is None and "RANK_TABLE_FILE" not in os.environ:
-        raise ValueError(f"tensor_parallel_size {tp_size} needs one process per rank: launch with "
-                         f"msrun --worker_num={tp_size} --local_worker_num={tp_size} ... "
-                         f"(scripts/msrun_generate.sh)")
-    if world is not None and world != tp_size:
-        raise ValueError(f"tensor_parallel_size {tp_size} does not match the msrun world size {world} "
-                         f"(--worker_num); they must be equal")
-    from mindspore.communication import get_group_size, get_rank, init
+        raise ValueError(f"{sizes} needs one process per rank: launch with msrun --worker_num={tp_size * dp_size} "
+                         f"--local_worker_num={tp_size * dp_size} ... (scripts/msrun_generate.sh)")
+    if world is not None and world != tp_size * dp_size:
+        raise ValueError(f"{sizes} does not match the msrun world size {world} (--worker_num); "
+                         f"{'they' if dp_size == 1 else 'the product and it'} must be equal")
+    if tp_size == 1:
+        if os.environ.get("MS_ROLE") == "MS_SCHED":
+            sys.exit(0)             # no communicator to schedule: the workers run on their own
+        return 0
+    from mindspore.communication import create_group, get_group_size, get_rank, init
     if not _initialised():
         init()
     size = get_group_size()
-    if size != tp_size:
-        raise ValueError(f"tensor_parallel_size {tp_size} does not match the communication world "
-                         f"size {size}")
-    return get_rank()
+    if size != tp_size * dp_size:
+        raise ValueError(f"{sizes} does not match the communication world size {size}")
+    rank = get_rank()
+    if dp_size > 1:
+        from ms_atb.models.parallel import set_tp_group
+        first = rank // tp_size * tp_size
+        name = f"tp_group_{rank // tp_size}"
+        create_group(name, list(range(first, first + tp_size)))
+        set_tp_group(name)
+    return rank % tp_size
+
+
+def global_rank() -> int:
+    """This process's rank among all msrun workers (0 outside msrun)."""
+    if _initialised():
+        from mindspore.communication import get_rank
+        return get_rank()
+    rank = os.environ.get("RANK_ID")
+    if rank is None and world_size_from_env() not in (None, 1):
+        raise ValueError("msrun assigned no RANK_ID to this worker: on several machines pass --node_rank to msrun "
+                         "(scripts/msrun_generate.sh --node-rank)")
+    return int(rank or 0)
+
+
+def replica_index(tp_size: int, dp_size: int) -> int:
+    """The data-parallel replica this process belongs to, 0..dp_size-1 (after init_distributed)."""
+    return 0 if dp_size == 1 else global_rank() // tp_size
 
 
 def _initialised() -> bool:
@@ -68,18 +103,20 @@ class SpmdCheck:
         import mindspore as ms
         from mindspore import nn, ops
         from mindspore.communication import get_group_size, get_rank
+        from ms_atb.models.parallel import tp_group
+        group = {} if tp_group() is None else {"group": tp_group()}
 
         class _Gather(nn.Cell):
             def __init__(self):
                 super().__init__()
-                self.all_gather = ops.AllGather()
+                self.all_gather = ops.AllGather(**group)
 
             def construct(self, x):  # [K] -> [world * K]
                 return self.all_gather(x)
 
         self._ms = ms
         self._gather = _Gather()
-        self.rank, self.world = get_rank(), get_group_size()
+        self.rank, self.world = get_rank(**group), get_group_size(**group)
         self.num_checks = 0
 
     def check(self, values, what: str = "values") -> None:
