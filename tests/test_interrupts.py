@@ -12,7 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = textwrap.dedent("""
     import os, signal
     from ms_atb import LLM, SamplingParams
-    llm = LLM(os.path.join({root!r}, "configs", "tiny_llama.yaml"), max_num_seqs=2, max_num_batched_tokens=8)
+    llm = LLM(os.path.join({root!r}, "configs", "tiny_llama.yaml"), max_num_seqs=2, max_num_batched_tokens=8,
+              precompile=False)
     prompts = [[1 + i, 2, 3] for i in range(6)]
     params = [SamplingParams(max_tokens=4 + 6 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
     reference = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

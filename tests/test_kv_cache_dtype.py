@@ -67,7 +67,8 @@ def test_the_budget_sizes_the_pool_by_the_cache_dtype(capsys):
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=48, cache_dtype="int8")
+    return LLM(TINY, max_num_batched_tokens=64, max_num_seqs=8, num_blocks=48, cache_dtype="int8",
+               precompile=False)
 
 
 def numpy_greedy(prompt, n):

@@ -15,7 +15,8 @@ NUM_BLOCKS = 24          # 384 tokens: three 48-token prefixes do not stay cache
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(TINY, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, num_blocks=NUM_BLOCKS)
+    return LLM(TINY, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, num_blocks=NUM_BLOCKS,
+               precompile=False)
 
 
 def batch(seed=0):
