@@ -106,13 +106,16 @@ def int8_batch(name, seqs, dtype, seed):
     return kc, vc, ks, vs, storage(query, dtype), tables, lens, qsl
 
 
-@pytest.mark.parametrize("name, dtype", [("gqa4", "float16"), ("gqa8_bs16", "bfloat16")])
-def test_int8_caches_quantised_on_write_and_dequantised_in_attention(name, dtype):
+@pytest.mark.parametrize("name, dtype, seqs", [("gqa4", "float16", [(70, 1), (40, 40), (300, 1), (33, 5)]),
+                                               ("gqa8_bs16", "bfloat16", [(70, 1), (40, 40), (300, 1), (33, 5)]),
+                                               ("gqa4", "float16", [(3000, 1)])])
+def test_int8_caches_quantised_on_write_and_dequantised_in_attention(name, dtype, seqs):
     """The int8 scale layout of ops/reshape_and_cache.cc ((block * BS + offset) * KVH + head, float32, per token
     and KV head); attention over the dequantised values within the output dtype's tolerance (the kernel
-    dequantises exactly: int8 -> float16 -> float32, times the scale)."""
+    dequantises exactly: int8 -> float16 -> float32, times the scale); one long context split over cores."""
     d = CONFIGS[name][2]
-    kc, vc, ks, vs, query, tables, lens, qsl = int8_batch(name, [(70, 1), (40, 40), (300, 1), (33, 5)], dtype, 3)
+    assert tiling_of(name, seqs, "int8")["kv_splits"] > 1 or len(seqs) > 1   # one sequence: split over cores
+    kc, vc, ks, vs, query, tables, lens, qsl = int8_batch(name, seqs, dtype, 3)
     out = np.full(query.shape, 0x7E00 if dtype == "float16" else 0x7FC0, np.uint16).view(query.dtype)
     status = call("MsAtbPagedAttentionQuant",
                   [query, kc, vc, tables, lens, qsl, np.array([d ** -0.5], np.float32), ks, vs, out],
