@@ -26,8 +26,10 @@ def check_buffers(plan, d, elem=2, cache_elem=2):
     """The buffers are the sizes the kernel's InitBuffers take for the plan's tiles, and add up to ub_bytes (and,
     with the Cube, to l1_bytes / l0a_bytes / l0b_bytes / l0c_bytes) within the capacities."""
     rows, span = plan["q_tile"] * plan["head_tile"], plan["span"]
-    assert plan["q_bytes"] == plan["out_bytes"] == align(rows * d * elem)
-    assert plan["kv_bytes"] == align(span * d * cache_elem) and plan["kv_f32_bytes"] == align(span * d * 4)
+    vector = not plan["cube"]   # the Cube launch reads Q, K and V into L1, not the unified buffer
+    assert plan["out_bytes"] == align(rows * d * elem) and plan["q_bytes"] == vector * plan["out_bytes"]
+    assert plan["kv_bytes"] == vector * align(span * d * cache_elem)
+    assert plan["kv_f32_bytes"] == vector * align(span * d * 4)
     assert plan["rows_f32_bytes"] == align(rows * d * 4) and plan["scores_bytes"] == align(rows * span * 4)
     assert plan["p_bytes"] == (align(rows * span * elem) if plan["cube"] else 0)
     assert plan["stage_bytes"] == (align(span * d * 2) if cache_elem == 1 else 0)
@@ -88,11 +90,15 @@ def test_one_sequence_splits_its_context_over_the_idle_cores():
 
 
 def test_a_shape_too_large_for_one_pass_is_tiled_not_refused():
-    # 64 query heads on one KV head with head_dim 256: even one query of the whole group does not fit
-    plan = ascendc_tiling("paged_attention", num_tokens=8192, num_heads=64, num_kv_heads=1, head_dim=256,
-                          block_size=128, num_seqs=2, max_context=32768, dtype="bfloat16")
-    check_buffers(plan, 256)
-    assert plan["head_tile"] < 64 and plan["span"] < 32768
+    # 64 query heads on one KV head with head_dim 256: on the vector unit (decode) even one query of the whole
+    # group does not fit; on the Cube (prefill) it does, with a shorter span (L0B holds K and V of 64 tokens)
+    shape = dict(num_heads=64, num_kv_heads=1, head_dim=256, block_size=128, max_context=32768, dtype="bfloat16")
+    decode = ascendc_tiling("paged_attention", num_tokens=2, num_seqs=2, **shape)
+    check_buffers(decode, 256)
+    assert decode["head_tile"] < 64 and not decode["cube"]
+    prefill = ascendc_tiling("paged_attention", num_tokens=8192, num_seqs=2, **shape)
+    check_buffers(prefill, 256)
+    assert prefill["cube"] and prefill["span"] == 64 and prefill["l0b_bytes"] == 2 * 64 * 256 * 2
     rows = ascendc_tiling("reshape_and_cache", num_tokens=3, num_kv_heads=64, head_dim=2048, dtype="float16")
     assert rows["chunk_elems"] < 64 * 2048 and (64 * 2048) % rows["chunk_elems"] == 0
     assert rows["ub_bytes"] == 2 * rows["chunk_bytes"] <= UB_CAPACITY and rows["block_dim"] == 3

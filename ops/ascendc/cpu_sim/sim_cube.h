@@ -20,6 +20,7 @@
 #define MS_ATB_ASCENDC_SIM_CUBE_H_
 
 #include <type_traits>
+#include <vector>
 
 #include "sim_ops.h"
 
@@ -171,14 +172,21 @@ void Mmad(const LocalTensor<D> &dst, const LocalTensor<S> &fm, const LocalTensor
                             std::to_string(dst.GetSize()) + " elements)");
   const S *a = fm.Data(0, M * K), *b = filter.Data(0, K * N);
   D *c = dst.Data(0, M * N);
+  // The operands unpacked from their fractals: A row-major [M, K], B column-major (B^T row-major [N, K]).
+  std::vector<float> ra(uint64_t{M} * K), rb(uint64_t{N} * K);
+  for (uint32_t m = 0; m < M; ++m)
+    for (uint32_t k = 0; k < K; ++k)
+      ra[uint64_t{m} * K + k] = static_cast<float>(
+          a[((m / kFractal) * kb + k / kFractal) * kFractalElems + (m % kFractal) * kFractal + k % kFractal]);
+  for (uint32_t k = 0; k < K; ++k)
+    for (uint32_t n = 0; n < N; ++n)
+      rb[uint64_t{n} * K + k] = static_cast<float>(
+          b[((k / kFractal) * nb + n / kFractal) * kFractalElems + (n % kFractal) * kFractal + k % kFractal]);
   for (uint32_t m = 0; m < M; ++m)
     for (uint32_t n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (uint32_t k = 0; k < K; ++k)
-        acc += static_cast<float>(a[((m / kFractal) * kb + k / kFractal) * kFractalElems + (m % kFractal) * kFractal +
-                                    k % kFractal]) *
-               static_cast<float>(b[((k / kFractal) * nb + n / kFractal) * kFractalElems + (n % kFractal) * kFractal +
-                                    k % kFractal]);
+      float acc = 0.0f;  // products of 16-bit values are exact in float32; summed in k order
+      const float *x = &ra[uint64_t{m} * K], *y = &rb[uint64_t{n} * K];
+      for (uint32_t k = 0; k < K; ++k) acc += x[k] * y[k];
       D &out = c[((n / kFractal) * mb + m / kFractal) * kFractalElems + (m % kFractal) * kFractal + n % kFractal];
       out = p.cmatrixInitVal ? acc : out + acc;
     }

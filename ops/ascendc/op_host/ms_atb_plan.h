@@ -56,17 +56,18 @@ struct PagedAttentionPlan {
 
 inline uint32_t RoundUp16(uint64_t n) { return static_cast<uint32_t>((n + 15) / 16 * 16); }
 
-// Unified-buffer bytes of one core: q (1 buffer), K and V (2 buffers each: double buffering), out (1),
-// query rows and accumulators in float32, K and V spans in float32, scores, 4 statistics vectors
-// (m, l, new m, alpha) and 2 reduction scratch buffers; with the Cube, the probabilities in the
-// queries' type; with int8 caches, a float16 staging span.
+// Unified-buffer bytes of one core: out (1 buffer), the accumulators and a float32 rows buffer, scores,
+// 4 statistics vectors (m, l, new m, alpha) and 2 reduction scratch buffers; on the vector unit alone also
+// q (1), K and V (2 buffers each: double buffering) and K and V spans in float32 (the rows buffer holds the
+// scaled queries); with the Cube, the probabilities in the queries' type (the rows buffer holds P x V); with
+// int8 caches, a float16 staging span.
 inline uint64_t PagedAttentionUb(PagedAttentionPlan &p, const PagedAttentionShape &s) {
   const uint64_t rows = uint64_t{p.q_tile} * p.head_tile, d = s.head_dim, span = p.span;
-  p.q_bytes = Align(rows * d * s.elem_bytes);
-  p.kv_bytes = Align(span * d * s.cache_elem_bytes);
-  p.out_bytes = p.q_bytes;
+  p.out_bytes = Align(rows * d * s.elem_bytes);
+  p.q_bytes = p.cube ? 0 : p.out_bytes;
+  p.kv_bytes = p.cube ? 0 : Align(span * d * s.cache_elem_bytes);
+  p.kv_f32_bytes = p.cube ? 0 : Align(span * d * 4);
   p.rows_f32_bytes = Align(rows * d * 4);
-  p.kv_f32_bytes = Align(span * d * 4);
   p.scores_bytes = Align(rows * span * 4);
   p.stats_bytes = Align(rows * 4);
   p.work_bytes = Align(std::max<uint64_t>(span, d) * 4);
@@ -116,7 +117,8 @@ inline PagedAttentionPlan PlanPagedAttention(const PagedAttentionShape &s, const
   const int64_t max_context = std::max<int64_t>(1, s.max_blocks * s.block_size);
   const int64_t max_queries = std::max<int64_t>(1, s.num_tokens - std::max<int64_t>(s.num_seqs, 1) + 1);
   const int64_t span_max = std::min<int64_t>(kMaxSpan, (max_context + kTokenGrain - 1) / kTokenGrain * kTokenGrain);
-  // A sequence with more than one query (a prefill chunk) needs T > B; the Cube multiplies 16-bit caches.
+  // A sequence with more than one query (a prefill chunk) needs T > B; the Cube multiplies 16-bit caches. In
+  // such a launch every item (decode ones too, their rows padded to 16) goes through the Cube.
   p.cube = s.num_tokens > std::max<int64_t>(s.num_seqs, 1) && s.cache_elem_bytes == 2 ? 1 : 0;
   for (int64_t head_tile = group; head_tile >= 1 && p.ub_bytes == 0; --head_tile) {
     if (group % head_tile) continue;

@@ -7,9 +7,10 @@
 // of the same type or int8 (cached value = int8 value x its token and head's scale, dequantised as read).
 // Work item = (sequence, q_tile queries, KV head, head_tile heads of its group, part `split` of the
 // context); core i takes items i, i + block_dim, ... One online-softmax update per span of cache tokens.
-// Units: prefill chunks of 16-bit caches multiply Q x K^T and P x V on the Cube unit (Mmad, through L1 and
-// L0A / L0B / L0C, the results passed to the vector unit through the core's workspace) and take the softmax
-// on the vector unit; decode tokens and int8 caches run on the vector unit alone (float32).
+// Units: a launch holding prefill chunks of a 16-bit cache multiplies Q x K^T and P x V of every item on the
+// Cube unit (Mmad, through L1 and L0A / L0B / L0C, the results passed to the vector unit through the core's
+// workspace; decode items padded to 16 rows) and takes the softmax on the vector unit; decode-only launches
+// and int8 caches run on the vector unit alone (float32).
 // Context split (kv_splits > 1): each part writes its unnormalised rows, running max and sum to the
 // workspace; after SyncAll, the core of each item merges its parts (a second phase of the same launch).
 #include "kernel_operator.h"

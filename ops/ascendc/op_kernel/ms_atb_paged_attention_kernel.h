@@ -46,14 +46,16 @@ class PagedAttentionKernel {
       ws_f_.SetGlobalBuffer((__gm__ float *)workspace, td.ws_bytes / sizeof(float));
       ws_t_.SetGlobalBuffer((__gm__ T *)workspace, td.ws_bytes / sizeof(T));
     }
-    pipe_.InitBuffer(q_in_, 1, td.q_bytes);
-    pipe_.InitBuffer(k_in_, 2, td.kv_bytes);
-    pipe_.InitBuffer(v_in_, 2, td.kv_bytes);
+    if (!td.cube) {
+      pipe_.InitBuffer(q_in_, 1, td.q_bytes);
+      pipe_.InitBuffer(k_in_, 2, td.kv_bytes);
+      pipe_.InitBuffer(v_in_, 2, td.kv_bytes);
+      pipe_.InitBuffer(kf_buf_, td.kv_f32_bytes);
+      pipe_.InitBuffer(vf_buf_, td.kv_f32_bytes);
+    }
     pipe_.InitBuffer(out_q_, 1, td.out_bytes);
     pipe_.InitBuffer(qf_buf_, td.rows_f32_bytes);
     pipe_.InitBuffer(acc_buf_, td.rows_f32_bytes);
-    pipe_.InitBuffer(kf_buf_, td.kv_f32_bytes);
-    pipe_.InitBuffer(vf_buf_, td.kv_f32_bytes);
     pipe_.InitBuffer(scores_buf_, td.scores_bytes);
     pipe_.InitBuffer(m_buf_, td.stats_bytes);
     pipe_.InitBuffer(l_buf_, td.stats_bytes);
@@ -119,7 +121,7 @@ class PagedAttentionKernel {
     const int32_t per_split = ((last_pos + S) / S + t_.kv_splits - 1) / t_.kv_splits * S;  // whole spans
     const int32_t begin = split * per_split;
     const int32_t end = begin + per_split < last_pos + 1 ? begin + per_split : last_pos + 1;
-    const bool cube = t_.cube && nq_seq > 1;
+    const bool cube = t_.cube;  // a launch with prefill chunks takes every item through the Cube
     LocalTensor<float> acc = acc_buf_.Get<float>(), m = m_buf_.Get<float>(), l = l_buf_.Get<float>();
     Duplicate(acc, 0.0f, rows * D);
     Duplicate(m, kNoScore, rows);
