@@ -8,7 +8,8 @@ backend: None (the device's default), or one of ops/backends.py's for the device
 the CPU, "ms_atb" or "mindspore" on Ascend).
 
 The caches' dtype is independent of the tokens' (float32, float16, bfloat16, or int8 with key_scale_cache and
-value_scale_cache [NB, BS, KVH] float32, passed as the last two arguments of both).
+value_scale_cache [NB, BS, KVH] float32, passed as the last two arguments of both); backend "ascendc" takes
+caches of the tokens' dtype or int8 (head_dim a multiple of 32).
 
 The model's graphs use the Cells (ReshapeAndCache, PagedAttention) directly. These wrappers check every
 argument on the host first, so a bad call is a ValueError naming the argument instead of a kernel error
