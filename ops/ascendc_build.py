@@ -19,12 +19,15 @@ KERNEL_DIR = ASCENDC_DIR / "op_kernel"
 SOURCES = (SIM_DIR / "aot_entry.cc", SIM_DIR / "sim_runner.cc", KERNEL_DIR / "ms_atb_paged_attention.cpp",
            KERNEL_DIR / "ms_atb_reshape_and_cache.cpp")
 # The kernels read their tiling structs as CANN generates them for op_kernel: from the op_host headers.
-INCLUDE_FLAGS = ("-I", str(SIM_DIR), "-I", str(HOST_DIR), "-include", "kernel_tiling.h")
+INCLUDE_FLAGS = ("-I", str(SIM_DIR), "-I", str(HOST_DIR), "-I", str(KERNEL_DIR), "-include", "kernel_tiling.h")
 
 # Fields of the plans, in the order MsAtbPlanPagedAttention / MsAtbPlanReshapeAndCache write them.
 PAGED_ATTENTION_PLAN = ("block_dim", "ub_bytes", "q_tile", "head_tile", "span", "q_bytes", "kv_bytes", "out_bytes",
-                        "rows_f32_bytes", "kv_f32_bytes", "scores_bytes", "stats_bytes", "work_bytes",
-                        "vector_cores", "ub_capacity")
+                        "rows_f32_bytes", "kv_f32_bytes", "scores_bytes", "stats_bytes", "work_bytes", "p_bytes",
+                        "stage_bytes", "cube", "rows_pad", "l1_bytes", "l0a_bytes", "l0b_bytes", "l0c_bytes",
+                        "kv_splits", "base_items", "ws_core_bytes", "partial_bytes", "workspace_bytes", "cores",
+                        "vector_cores", "cube_cores", "ub_capacity", "l1_capacity", "l0a_capacity", "l0b_capacity",
+                        "l0c_capacity")
 RESHAPE_AND_CACHE_PLAN = ("block_dim", "ub_bytes", "chunk_elems", "chunk_bytes", "vector_cores", "ub_capacity")
 
 

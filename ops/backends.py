@@ -2,7 +2,7 @@
 
     cpu       our C++ kernels (ops/*.cc), on the CPU
     ascendc   our AscendC kernels (ops/ascendc/op_kernel) on the CPU, through our implementation of the
-              Ascend C API subset; float16 and bfloat16
+              Ascend C API subset; float16 and bfloat16, caches of the same type or int8
     ms_atb    our AscendC kernels on Ascend, as the custom ops MsAtbPagedAttention / MsAtbReshapeAndCache
               of the package scripts/build_ascend_ops.sh builds and installs
     mindspore MindSpore's built-in PagedAttention / ReshapeAndCache, on Ascend

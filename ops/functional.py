@@ -8,7 +8,8 @@ backend: None (the device's default), or one of ops/backends.py's for the device
 the CPU, "ms_atb" or "mindspore" on Ascend).
 
 The caches' dtype is independent of the tokens' (float32, float16, bfloat16, or int8 with key_scale_cache and
-value_scale_cache [NB, BS, KVH] float32, passed as the last two arguments of both).
+value_scale_cache [NB, BS, KVH] float32, passed as the last two arguments of both); backend "ascendc" takes
+caches of the tokens' dtype or int8 (head_dim a multiple of 32).
 
 The model's graphs use the Cells (ReshapeAndCache, PagedAttention) directly. These wrappers check every
 argument on the host first, so a bad call is a ValueError naming the argument instead of a kernel error
@@ -37,6 +38,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, key_scal
     _ascendc_operand(backend, "key", key, d)
     _same("value", value, "key", key)
     nb, bs = _cache_shape(key_cache, value_cache, kvh, d, key_scale_cache, value_scale_cache)
+    _ascendc_caches(backend, key_cache, "key", key, d)
     slots = _ints("slot_mapping", slot_mapping, (t,))
     if slots.size and slots.max() >= nb * bs:
         raise ValueError(f"slot_mapping holds {slots.max()}, past the cache's {nb * bs} slots (NB {nb} x BS {bs})")
@@ -58,6 +60,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, q
     if h % kvh:
         raise ValueError(f"query's {h} heads must be a multiple of the caches' {kvh} KV heads")
     nb, bs = _cache_shape(key_cache, value_cache, kvh, d, key_scale_cache, value_scale_cache)
+    _ascendc_caches(backend, key_cache, "query", query, d)
     tables = _ints("block_tables", block_tables, None, ndim=2)
     b, max_blocks = tables.shape
     lens = _ints("context_lens", context_lens, (b,))
@@ -89,6 +92,7 @@ _TILING_KEYWORDS = {
                         "max_context", "dtype"),
     "reshape_and_cache": ("num_tokens", "num_kv_heads", "head_dim", "dtype"),
 }
+_CACHE_BYTES = {"float16": 2, "bfloat16": 2, "int8": 1}
 
 
 def ascendc_tiling(op: str, **shape) -> dict:
@@ -96,18 +100,26 @@ def ascendc_tiling(op: str, **shape) -> dict:
     "reshape_and_cache") on a call of this shape, for the assumed Atlas 800I A2 figures (the compiled C++
     of ops/ascendc/op_host/ms_atb_plan.h). Keywords, all required: paged_attention: num_tokens, num_heads,
     num_kv_heads, head_dim, block_size, num_seqs, max_context, dtype ("float16" or "bfloat16");
-    reshape_and_cache: num_tokens, num_kv_heads, head_dim, dtype. Returns a dict with block_dim (cores
-    used), ub_bytes (unified-buffer bytes one core asks for), ub_capacity, vector_cores and the tile sizes
-    and buffers of the op."""
+    reshape_and_cache: num_tokens, num_kv_heads, head_dim, dtype; optional for both: cache_dtype ("float16",
+    "bfloat16" or "int8"; default dtype). Returns a dict with block_dim (cores used), cores (the AI cores when
+    the launch uses the Cube unit, else the vector cores), ub_bytes (unified-buffer bytes one core asks for)
+    and ub_capacity, the tile sizes and buffers of the op, and for paged_attention: cube (1: prefill chunks
+    multiply on the Cube unit), rows_pad and l1_bytes / l0a_bytes / l0b_bytes / l0c_bytes (with their
+    capacities), kv_splits (cores one work item's context is split over; their parts are merged after a
+    SyncAll), base_items (an upper bound on the work items before the split) and workspace_bytes."""
     from ms_atb.ops import ascendc_build
     if op not in _TILING_KEYWORDS:
         raise ValueError(f"op must be one of {list(_TILING_KEYWORDS)}, got {op!r}")
     names = _TILING_KEYWORDS[op]
-    if set(shape) != set(names):
-        raise ValueError(f"ascendc_tiling({op!r}) takes the keywords {list(names)}; missing "
-                         f"{sorted(set(names) - set(shape))}, unknown {sorted(set(shape) - set(names))}")
+    given = set(shape) - {"cache_dtype"}
+    if given != set(names):
+        raise ValueError(f"ascendc_tiling({op!r}) takes the keywords {list(names)} (and cache_dtype); missing "
+                         f"{sorted(set(names) - given)}, unknown {sorted(given - set(names))}")
     if shape["dtype"] not in ("float16", "bfloat16"):
         raise ValueError(f"dtype must be 'float16' or 'bfloat16', got {shape['dtype']!r}")
+    cache_dtype = shape.get("cache_dtype", shape["dtype"])
+    if cache_dtype not in (shape["dtype"], "int8"):
+        raise ValueError(f"cache_dtype must be dtype ({shape['dtype']!r}) or 'int8', got {cache_dtype!r}")
     for name in names[:-1]:
         value = shape[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -118,9 +130,9 @@ def ascendc_tiling(op: str, **shape) -> dict:
             raise ValueError(f"num_heads {s['num_heads']} must be a multiple of num_kv_heads {s['num_kv_heads']}")
         max_blocks = -(-s["max_context"] // s["block_size"])
         args = (s["num_tokens"], s["num_heads"], s["num_kv_heads"], s["head_dim"], s["block_size"], max_blocks,
-                s["num_seqs"], max_blocks, 2)
+                s["num_seqs"], max_blocks, 2, _CACHE_BYTES[cache_dtype])
     else:
-        args = (s["num_tokens"], s["num_kv_heads"], s["head_dim"], 1, 1, 2)
+        args = (s["num_tokens"], s["num_kv_heads"], s["head_dim"], 1, 1, 2, _CACHE_BYTES[cache_dtype])
     plan, why = ascendc_build.plan(op, args)
     if why:
         raise ValueError(f"ascendc_tiling({op!r}): no tiling for {shape}: {why}")
@@ -150,6 +162,16 @@ def _ascendc_operand(backend: str, name: str, x, head_dim: int) -> None:
     if head_dim % 16:
         raise ValueError(f"backend 'ascendc' copies whole 32-byte blocks: head_dim must be a multiple of 16, "
                          f"got {head_dim}")
+
+
+def _ascendc_caches(backend: str, cache, name: str, x, head_dim: int) -> None:
+    if backend != "ascendc":
+        return
+    if cache.dtype not in (x.dtype, ms.int8):
+        raise ValueError(f"backend 'ascendc' takes caches of {name}'s dtype {x.dtype} or int8, got {cache.dtype}")
+    if cache.dtype == ms.int8 and head_dim % 32:
+        raise ValueError(f"backend 'ascendc' copies whole 32-byte int8 rows: head_dim must be a multiple of 32 with "
+                         f"an int8 cache, got {head_dim}")
 
 
 def _shape(name: str, x, ndim: int, cache: bool = False) -> tuple:

@@ -20,9 +20,9 @@ class PagedAttention(nn.Cell):
     "ms_atb" or "mindspore"; None: the device's default. With the "cpu" backend the caches' dtype may
     differ from the query's: their rows are converted to float32 as they are read.
 
-    quantized=True ("cpu" backend only): int8 caches; construct also takes key_scale_cache and
+    quantized=True ("cpu" or "ascendc" backend): int8 caches; construct also takes key_scale_cache and
     value_scale_cache [NB, BS, KVH] float32, and each cached row is dequantised (int8 value x its scale)
-    in the kernel's inner loop.
+    in the kernel's inner loop ("ascendc": head_dim a multiple of 32, whole 32-byte int8 rows).
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, device: str = "cpu",
@@ -33,15 +33,19 @@ class PagedAttention(nn.Cell):
         if head_dim < 1:
             raise ValueError(f"head_dim must be >= 1, got {head_dim}")
         self.backend = resolve_backend(device, backend)
-        if self.backend == "ascendc" and head_dim % 16:
+        if self.backend == "ascendc" and head_dim % (32 if quantized else 16):
             raise ValueError(f"attention_backend 'ascendc' copies whole 32-byte blocks: head_dim must be a multiple "
-                             f"of 16, got {head_dim}")
+                             f"of {32 if quantized else 16}{' with an int8 cache' if quantized else ''}, got {head_dim}")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        if quantized and self.backend != "cpu":
-            raise ValueError(f"an int8 KV cache runs with attention_backend 'cpu' only, got {self.backend!r}")
+        if quantized and self.backend not in ("cpu", "ascendc"):
+            raise ValueError(f"an int8 KV cache runs with attention_backend 'cpu' or 'ascendc', got {self.backend!r}")
         self.device, self.quantized = device, quantized
         self.scale_t = Tensor([scale], ms.float32)  # [1]
-        if quantized:
+        if quantized and self.backend == "ascendc":
+            from ms_atb.ops import ascendc_build
+            self.op = ascendc_build.aot_op("MsAtbPagedAttentionQuant",
+                                           _INPUTS + ("key_scale_cache", "value_scale_cache"), lambda q, *_: q)
+        elif quantized:
             self.op = build.aot_op("PagedAttentionQuant", _INPUTS + ("key_scale_cache", "value_scale_cache"),
                                    lambda q, *_: q)
         elif self.backend == "cpu":

@@ -17,7 +17,7 @@ class ReshapeAndCache(nn.Cell):
     (`ops.depend(query, done)`) so the graph orders it after the write. backend: as PagedAttention's; with
     "cpu" the rows are converted to the caches' dtype (float32, float16, bfloat16) as they are written.
 
-    quantized=True ("cpu" backend only): int8 caches; construct also takes key_scale_cache and
+    quantized=True ("cpu" or "ascendc" backend): int8 caches; construct also takes key_scale_cache and
     value_scale_cache [NB, BS, KVH] float32 Parameters, and each (token, KV head) row is stored as
     round(x * 127 / max|x|) with the scale max|x| / 127 in the same slot of the scale cache
     (docs/design.md, "int8 KV cache").
@@ -26,10 +26,14 @@ class ReshapeAndCache(nn.Cell):
     def __init__(self, device: str = "cpu", backend: str | None = None, quantized: bool = False):
         super().__init__()
         self.backend = resolve_backend(device, backend)
-        if quantized and self.backend != "cpu":
-            raise ValueError(f"an int8 KV cache runs with attention_backend 'cpu' only, got {self.backend!r}")
+        if quantized and self.backend not in ("cpu", "ascendc"):
+            raise ValueError(f"an int8 KV cache runs with attention_backend 'cpu' or 'ascendc', got {self.backend!r}")
         self.device, self.quantized = device, quantized
-        if quantized:
+        if quantized and self.backend == "ascendc":
+            from ms_atb.ops import ascendc_build
+            self.op = ascendc_build.aot_op("MsAtbReshapeAndCacheQuant",
+                                           _INPUTS + ("key_scale_cache", "value_scale_cache"), ms.int32)
+        elif quantized:
             self.op = build.aot_op("ReshapeAndCacheQuant", _INPUTS + ("key_scale_cache", "value_scale_cache"),
                                    ms.int32)
         elif self.backend == "cpu":

@@ -11,7 +11,7 @@ from mindspore import Tensor
 
 from ascendc_helpers import make_batch, paged_attention, storage, values, call
 from ms_atb import ops as ms_ops
-from ops_reference import paged_attention_ref, reshape_and_cache_ref
+from ops_reference import (dequantize_ref, paged_attention_ref, reshape_and_cache_int8_ref, reshape_and_cache_ref)
 
 TOLERANCE = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 # (num_heads, num_kv_heads, head_dim, block_size, num_blocks): the CPU kernels' grid (tests/test_ops.py),
@@ -40,6 +40,13 @@ def check(name, seqs, layout, dtype, seed):
     assert not got[qsl[-1]:].any()  # rows owned by no sequence are zero
 
 
+def tiling_of(name, seqs, cache_dtype="float16"):
+    h, kvh, d, bs, _ = CONFIGS[name]
+    return ms_ops.ascendc_tiling("paged_attention", num_tokens=sum(q for _, q in seqs), num_heads=h, num_kv_heads=kvh,
+                                 head_dim=d, block_size=bs, num_seqs=len(seqs), max_context=max(c for c, _ in seqs),
+                                 dtype="float16", cache_dtype=cache_dtype)
+
+
 def grid():
     """Every config, layout and dtype; the GQA 32/8 ones beyond two combinations each are marked slow."""
     for name in CONFIGS:
@@ -65,6 +72,59 @@ def test_long_contexts_with_ragged_chunks(dtype):
                                         ("gqa3", [(2048, 300), (1024, 1), (600, 64)])])
 def test_long_prefill_chunks(name, seqs):
     check(name, seqs, "scattered", "bfloat16" if name == "gqa8_bs128" else "float16", 11)
+
+
+@pytest.mark.parametrize("name, seqs, dtype", [("gqa4", [(4000, 1)], "float16"), ("gqa3", [(3000, 3)], "bfloat16")])
+def test_one_long_context_split_across_cores(name, seqs, dtype):
+    """One sequence: fewer work items than cores, so the tiling splits the context over several cores and the
+    merged parts equal the reference (a decode on the vector unit; a prefill chunk on the Cube)."""
+    plan = tiling_of(name, seqs)
+    assert plan["kv_splits"] > 1 and plan["block_dim"] > plan["base_items"]
+    assert plan["cube"] == (seqs[0][1] > 1)
+    check(name, seqs, "scattered", dtype, 13)
+
+
+def int8_batch(name, seqs, dtype, seed):
+    """float rows quantised into int8 caches by the AscendC kernel (checked bit for bit against the quantising
+    reference), then the queries: -> the caches, scales, query, tables, lens, qsl and the reference rows."""
+    h, kvh, d, bs, nb = CONFIGS[name]
+    rng = np.random.default_rng(seed)
+    query, tables, lens, qsl = make_batch(rng, seqs, h, kvh, d, bs, nb, "scattered")
+    slots = np.concatenate([tables[b, np.arange(c) // bs] * bs + np.arange(c) % bs for b, (c, _) in enumerate(seqs)])
+    key = storage(rng.standard_normal((len(slots), kvh, d)) * rng.uniform(0.1, 4, (len(slots), kvh, 1)), dtype)
+    value = storage(rng.standard_normal((len(slots), kvh, d)), dtype)
+    key[1, 0] = 0  # an all-zero row: q 0, scale 0
+    kc, vc = np.zeros((nb, bs, kvh, d), np.int8), np.zeros((nb, bs, kvh, d), np.int8)
+    ks, vs = np.zeros((nb, bs, kvh), np.float32), np.zeros((nb, bs, kvh), np.float32)
+    want = reshape_and_cache_int8_ref(values(key, dtype), values(value, dtype), kc.copy(), vc.copy(), ks.copy(),
+                                      vs.copy(), slots.astype(np.int32))
+    done = np.zeros(1, np.int32)
+    assert call("MsAtbReshapeAndCacheQuant", [key, value, kc, vc, slots.astype(np.int32), ks, vs, done],
+                [dtype, dtype, "int8", "int8", "int32", "float32", "float32", "int32"]) == 0
+    for got, ref in zip((kc, vc, ks, vs), want):
+        np.testing.assert_array_equal(got, ref)
+    return kc, vc, ks, vs, storage(query, dtype), tables, lens, qsl
+
+
+@pytest.mark.parametrize("name, dtype, seqs", [("gqa4", "float16", [(70, 1), (40, 40), (300, 1), (33, 5)]),
+                                               ("gqa8_bs16", "bfloat16", [(70, 1), (40, 40), (300, 1), (33, 5)]),
+                                               ("gqa4", "float16", [(3000, 1)])])
+def test_int8_caches_quantised_on_write_and_dequantised_in_attention(name, dtype, seqs):
+    """The int8 scale layout of ops/reshape_and_cache.cc ((block * BS + offset) * KVH + head, float32, per token
+    and KV head); attention over the dequantised values within the output dtype's tolerance (the kernel
+    dequantises exactly: int8 -> float16 -> float32, times the scale); one long context split over cores."""
+    d = CONFIGS[name][2]
+    assert tiling_of(name, seqs, "int8")["kv_splits"] > 1 or len(seqs) > 1   # one sequence: split over cores
+    kc, vc, ks, vs, query, tables, lens, qsl = int8_batch(name, seqs, dtype, 3)
+    out = np.full(query.shape, 0x7E00 if dtype == "float16" else 0x7FC0, np.uint16).view(query.dtype)
+    status = call("MsAtbPagedAttentionQuant",
+                  [query, kc, vc, tables, lens, qsl, np.array([d ** -0.5], np.float32), ks, vs, out],
+                  [dtype, "int8", "int8"] + ["int32"] * 3 + ["float32"] * 3 + [dtype])
+    assert status == 0
+    ref = paged_attention_ref(values(query, dtype), dequantize_ref(kc, ks), dequantize_ref(vc, vs), tables, lens, qsl,
+                              d ** -0.5)
+    got = values(out, dtype).astype(np.float64)
+    assert np.all(np.abs(got - ref) <= TOLERANCE[dtype] * np.maximum(1.0, np.abs(ref)))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -113,6 +173,28 @@ def test_functional_forms_run_the_ascendc_kernels(dtype):
     assert np.all(np.abs(f32(out) - ref) <= tol * np.maximum(1.0, np.abs(ref)))
 
 
+def test_functional_forms_take_int8_caches_on_the_ascendc_backend():
+    """backend="ascendc" with int8 caches and their scales, called as the cpu backend is: the same caches, scales
+    and (within float16 rounding) the same attention as backend="cpu"."""
+    rng = np.random.default_rng(6)
+    h, kvh, d, bs, nb = 4, 2, 32, 16, 8
+    key, value = (rng.standard_normal((20, kvh, d)).astype(np.float16) for _ in range(2))
+    slots = Tensor(np.array([3 * bs + i for i in range(16)] + [bs + i for i in range(4)], np.int32))
+    args = (np.array([[3, 1], [3, 0]], np.int32), np.array([20, 9], np.int32), np.array([0, 3, 4], np.int32))
+    query = Tensor(rng.standard_normal((4, h, d)).astype(np.float16))
+    results = {}
+    for backend in ("cpu", "ascendc"):
+        caches = [Tensor(np.zeros((nb, bs, kvh, d), np.int8)) for _ in range(2)]
+        scales = [Tensor(np.zeros((nb, bs, kvh), np.float32)) for _ in range(2)]
+        ms_ops.reshape_and_cache(Tensor(key), Tensor(value), *caches, slots, *scales, backend=backend)
+        out = ms_ops.paged_attention(query, *caches, *(Tensor(a) for a in args), 0.2, *scales, backend=backend)
+        results[backend] = [x.asnumpy() for x in caches + scales] + [out.astype(ms.float32).asnumpy()]
+    for cpu, ascendc in zip(results["cpu"][:4], results["ascendc"][:4]):
+        np.testing.assert_array_equal(cpu, ascendc)
+    ref = results["cpu"][4]
+    assert np.all(np.abs(results["ascendc"][4] - ref) <= TOLERANCE["float16"] * np.maximum(1.0, np.abs(ref)))
+
+
 def test_functional_forms_refuse_what_the_ascendc_kernels_cannot_run():
     f32 = Tensor(np.zeros((1, 2, 16), np.float32))
     cache = Tensor(np.zeros((2, 16, 2, 16), np.float32))
@@ -123,5 +205,13 @@ def test_functional_forms_refuse_what_the_ascendc_kernels_cannot_run():
     with pytest.raises(ValueError, match="head_dim must be a multiple of 16, got 8"):
         ms_ops.reshape_and_cache(half, half, Tensor(np.zeros((2, 16, 2, 8), np.float16)),
                                  Tensor(np.zeros((2, 16, 2, 8), np.float16)), i32(0), backend="ascendc")
+    i8 = Tensor(np.zeros((2, 16, 2, 16), np.int8))
+    f32s = Tensor(np.zeros((2, 16, 2), np.float32))
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 32 with an int8 cache, got 16"):
+        ms_ops.reshape_and_cache(half16 := Tensor(np.zeros((1, 2, 16), np.float16)), half16, i8, i8, i32(0), f32s, f32s,
+                                 backend="ascendc")
+    with pytest.raises(ValueError, match="backend 'ascendc' takes caches of query's dtype Float16 or int8, got BFloat16"):
+        bf = Tensor(np.zeros((2, 16, 2, 16), np.float32)).astype(ms.bfloat16)
+        ms_ops.paged_attention(half16, bf, bf, i32([0]), i32(1), i32(0, 1), 0.25, backend="ascendc")
     with pytest.raises(ValueError, match=r"attention_backend 'ms_atb' does not run on device 'cpu'; allowed there"):
         ms_ops.paged_attention(f32, cache, cache, i32([0]), i32(1), i32(0, 1), 0.25, backend="ms_atb")

@@ -5,6 +5,7 @@
 
 #include "sim_core.h"
 #include "sim_ops.h"
+#include "sim_cube.h"
 #include "sim_tensor.h"
 
 // The tiling struct of a kernel, copied from the tiling argument.

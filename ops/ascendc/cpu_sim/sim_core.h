@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -53,6 +54,7 @@ struct SimState {
   int64_t block_idx = 0, block_num = 1;
   uint64_t tiling_key = 0;
   std::string deferred_error;  // a rule broken in a destructor, raised by the runner after the core returns
+  std::function<void()> sync_all;  // the runner's barrier across the cores of the launch
 };
 inline SimState &Sim() {
   static thread_local SimState state;
@@ -72,6 +74,8 @@ inline const SimState::Region &GmRegion(const void *p, uint64_t bytes, uint64_t 
 }
 
 inline int64_t GetBlockIdx() { return Sim().block_idx; }
+// The kernel's own part of the workspace argument (the runner passes only that part).
+inline uint8_t *GetUserWorkspace(uint8_t *workspace) { return workspace; }
 inline int64_t GetBlockNum() { return Sim().block_num; }
 inline bool TilingKeyIs(uint64_t key) { return Sim().tiling_key == key; }
 #define TILING_KEY_IS(k) (::AscendC::TilingKeyIs(k))
@@ -144,6 +148,12 @@ enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, MTE2_S, S_MTE3, MTE3_S 
 // The simulator executes every instruction in program order, so barriers and flags have nothing to
 // wait for; they are accepted so the kernels compile unchanged.
 template <pipe_t pipe> inline void PipeBarrier() {}
+
+// Every core of the launch waits here until all of them arrive (the runner checks they all do).
+template <bool isAIVOnly = true>
+inline void SyncAll() {
+  if (Sim().sync_all) Sim().sync_all();
+}
 template <HardEvent e> inline void SetFlag(int32_t) {}
 template <HardEvent e> inline void WaitFlag(int32_t) {}
 

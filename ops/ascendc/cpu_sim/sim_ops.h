@@ -5,6 +5,7 @@
 #define MS_ATB_ASCENDC_SIM_OPS_H_
 
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 
 #include "sim_tensor.h"
@@ -33,6 +34,9 @@ inline void CheckCopy(uint64_t bytes, uint64_t local_address, uint64_t gm_offset
 template <typename T>
 T *Operand(const LocalTensor<T> &t, int32_t count, const char *op) {
   Require(count >= 0, "local bounds", std::string(op) + " with a negative count");
+  Require(t.Slot() == nullptr || std::string(MemoryName(t.GetPosition())) == "unified buffer", "operand position",
+          std::string(op) + " operand in " + MemoryName(t.GetPosition()) + ": vector instructions take unified-buffer "
+          "tensors");
   Require(t.Address() % kBlockBytes == 0, "vector operand alignment",
           std::string(op) + " operand at local address " + std::to_string(t.Address()) + ", not 32-byte aligned");
   return t.Data(0, static_cast<uint32_t>(count));
@@ -165,17 +169,83 @@ void ReduceSum(const LocalTensor<T> &dst, const LocalTensor<T> &src, const Local
       ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
 }
 
-// Widening casts are exact (CAST_NONE); narrowing casts to 16-bit floats round to nearest even (CAST_RINT).
+namespace detail {
+template <typename T>
+float ToFloat(T x) { return static_cast<float>(x); }
+template <typename D>
+D FromFloat(float x, RoundMode mode) {
+  if constexpr (!std::is_integral<D>::value) {
+    return D(x);
+  } else {
+  double r = mode == RoundMode::CAST_RINT ? std::nearbyint(x) : mode == RoundMode::CAST_ROUND ? std::round(x)
+           : mode == RoundMode::CAST_FLOOR ? std::floor(x) : mode == RoundMode::CAST_CEIL ? std::ceil(x) : std::trunc(x);
+  const double lo = static_cast<double>(std::numeric_limits<D>::min()), hi = static_cast<double>(std::numeric_limits<D>::max());
+  return static_cast<D>(std::isnan(r) ? 0.0 : std::min(hi, std::max(lo, r)));  // saturating
+  }
+}
+template <typename D, typename S>
+constexpr bool Is() { return std::is_same<D, S>::value; }
+}  // namespace detail
+
+// The conversions the kernels use, with the round modes the hardware takes for them: widening (16-bit float
+// -> float32, int8 -> float16, int32 -> float32) with CAST_NONE; float32 -> 16-bit float with CAST_RINT
+// (round to nearest even); float32 -> int32 and float16 -> int8 with an integer rounding mode (saturating).
 template <typename D, typename S>
 void Cast(const LocalTensor<D> &dst, const LocalTensor<S> &src, const RoundMode mode, const uint32_t count) {
+  using detail::Is;
+  constexpr bool f16 = Is<S, half>() || Is<S, bfloat16_t>(), to16 = Is<D, half>() || Is<D, bfloat16_t>();
+  constexpr bool widening = (f16 && Is<D, float>()) || (Is<S, int8_t>() && Is<D, half>()) ||
+                            (Is<S, int32_t>() && Is<D, float>());
+  constexpr bool to_int = (Is<S, float>() && Is<D, int32_t>()) || (Is<S, half>() && Is<D, int8_t>());
+  static_assert(widening || to_int || (Is<S, float>() && to16), "a Cast the kernels do not use");
   const S *a = detail::Operand(src, static_cast<int32_t>(count), "Cast");
   D *d = detail::Operand(dst, static_cast<int32_t>(count), "Cast");
-  if (std::is_same<D, float>::value) {
-    Require(mode == RoundMode::CAST_NONE, "cast mode", "a widening Cast takes RoundMode::CAST_NONE");
-  } else {
-    Require(mode == RoundMode::CAST_RINT, "cast mode", "the kernels narrow with RoundMode::CAST_RINT");
-  }
-  for (uint32_t i = 0; i < count; ++i) d[i] = D(static_cast<float>(a[i]));
+  if (widening) Require(mode == RoundMode::CAST_NONE, "cast mode", "a widening Cast takes RoundMode::CAST_NONE");
+  else if (!to_int) Require(mode == RoundMode::CAST_RINT, "cast mode", "the kernels narrow with RoundMode::CAST_RINT");
+  else Require(mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_ODD, "cast mode",
+               "a Cast to an integer type names its rounding");
+  for (uint32_t i = 0; i < count; ++i) d[i] = detail::FromFloat<D>(detail::ToFloat(a[i]), mode);
+}
+
+template <typename T>
+void Abs(const LocalTensor<T> &dst, const LocalTensor<T> &src, const int32_t count) {
+  const T *a = detail::Operand(src, count, "Abs");
+  T *d = detail::Operand(dst, count, "Abs");
+  for (int32_t i = 0; i < count; ++i) d[i] = std::fabs(a[i]);
+}
+
+template <typename T>
+void Mins(const LocalTensor<T> &dst, const LocalTensor<T> &src, const T scalar, const int32_t count) {
+  const T *a = detail::Operand(src, count, "Mins");
+  T *d = detail::Operand(dst, count, "Mins");
+  for (int32_t i = 0; i < count; ++i) d[i] = std::min(a[i], scalar);
+}
+
+struct DataCopyExtParams {
+  uint16_t blockCount = 1;  // pieces
+  uint32_t blockLen = 0;    // bytes of each piece: any number
+  uint32_t srcStride = 0;   // local -> global: 32-byte blocks between the local pieces
+  uint32_t dstStride = 0;   // local -> global: bytes between the global pieces
+  uint32_t rsv = 0;
+  DataCopyExtParams() = default;
+  DataCopyExtParams(uint16_t count, uint32_t len, uint32_t src_stride, uint32_t dst_stride, uint32_t r)
+      : blockCount(count), blockLen(len), srcStride(src_stride), dstStride(dst_stride), rsv(r) {}
+};
+
+// Local -> global of pieces of any byte length: the copy writes those bytes only (its global address
+// need not be 32-byte aligned; the local one must).
+template <typename T>
+void DataCopyPad(const GlobalTensor<T> &dst, const LocalTensor<T> &src, const DataCopyExtParams &p) {
+  Require(p.blockCount > 0 && p.blockLen > 0 && p.blockLen % sizeof(T) == 0, "copy alignment",
+          "DataCopyPad of an empty piece or of part of an element");
+  Require(src.Address() % kBlockBytes == 0, "copy alignment", "DataCopyPad from a local address not 32-byte aligned");
+  const uint64_t piece = p.blockLen / sizeof(T), local_step = (p.blockLen + kBlockBytes - 1) / kBlockBytes * kBlockBytes /
+                                                                  sizeof(T) + p.srcStride * kBlockBytes / sizeof(T);
+  const uint64_t global_step = piece + p.dstStride / sizeof(T);
+  uint64_t gm_offset;
+  T *to = dst.Span((p.blockCount - 1) * global_step + piece, &gm_offset);
+  const T *from = src.Data(0, static_cast<uint32_t>((p.blockCount - 1) * local_step + piece));
+  for (uint16_t i = 0; i < p.blockCount; ++i) std::memcpy(to + i * global_step, from + i * local_step, p.blockLen);
 }
 
 }  // namespace AscendC

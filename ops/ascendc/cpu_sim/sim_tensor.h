@@ -61,6 +61,7 @@ struct BufferSlot {
   std::unique_ptr<uint8_t[]> data;
   uint64_t address = 0;  // byte address inside its local memory (unified buffer, L1, ...)
   uint32_t bytes = 0;
+  TPosition position = TPosition::VECCALC;  // where the buffer lives (unified buffer, L1, L0A, L0B, L0C)
   uint64_t generation = 0;
   State state = kFree;
   const void *owner = nullptr;
@@ -96,6 +97,7 @@ class LocalTensor {
   }
   uint64_t Generation() const { return generation_; }
   uint64_t Address() const { return slot_->address + static_cast<uint64_t>(offset_) * sizeof(T); }
+  TPosition GetPosition() const { return slot_->position; }
   BufferSlot *Slot() const { return slot_; }
 
  private:
@@ -261,6 +263,7 @@ class TPipe {
     s->data.reset(new uint8_t[bytes]);
     std::memset(s->data.get(), 0xff, bytes);  // NaN in every float type: reading unwritten memory shows
     s->address = *used;
+    s->position = pos;
     s->bytes = static_cast<uint32_t>(bytes);
     *used += bytes;
     return s;

@@ -19,10 +19,19 @@ inline HardwareFigures PlatformFigures(gert::TilingContext *context) {
   bytes = 0;
   platform.GetCoreMemSize(platform_ascendc::CoreMemType::L1, bytes);
   if (bytes > 0) hw.l1_bytes = bytes;
+  bytes = 0;
+  platform.GetCoreMemSize(platform_ascendc::CoreMemType::L0_A, bytes);
+  if (bytes > 0) hw.l0a_bytes = bytes;
+  bytes = 0;
+  platform.GetCoreMemSize(platform_ascendc::CoreMemType::L0_B, bytes);
+  if (bytes > 0) hw.l0b_bytes = bytes;
+  bytes = 0;
+  platform.GetCoreMemSize(platform_ascendc::CoreMemType::L0_C, bytes);
+  if (bytes > 0) hw.l0c_bytes = bytes;
   return hw;
 }
 
-// Bytes of workspace the AscendC runtime itself needs; the kernels need none of their own.
+// Bytes of workspace the AscendC runtime itself needs (the kernels' own part comes after it).
 inline size_t SystemWorkspace(gert::TilingContext *context) {
   return platform_ascendc::PlatformAscendC(context->GetPlatformInfo()).GetLibApiWorkSpaceSize();
 }

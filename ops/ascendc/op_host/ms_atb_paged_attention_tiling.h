@@ -26,6 +26,23 @@ TILING_DATA_FIELD_DEF(uint32_t, kv_f32_bytes);
 TILING_DATA_FIELD_DEF(uint32_t, scores_bytes);
 TILING_DATA_FIELD_DEF(uint32_t, stats_bytes);
 TILING_DATA_FIELD_DEF(uint32_t, work_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, p_bytes);        // probabilities in the queries' type (Cube items)
+TILING_DATA_FIELD_DEF(uint32_t, stage_bytes);    // float16 staging span (int8 caches)
+TILING_DATA_FIELD_DEF(uint32_t, cube);           // 1: prefill chunks multiply on the Cube unit
+TILING_DATA_FIELD_DEF(uint32_t, rows_pad);       // rows of a work item, rounded up to whole fractals (16)
+TILING_DATA_FIELD_DEF(uint32_t, q_l1_bytes);     // L1 / L0A / L0B / L0C bytes of each Cube buffer
+TILING_DATA_FIELD_DEF(uint32_t, kv_l1_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, p_l1_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, q_l0a_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, p_l0a_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, kv_l0b_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, s_l0c_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, pv_l0c_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, kv_splits);      // parts of one item's context, on as many cores
+TILING_DATA_FIELD_DEF(uint32_t, ws_core_bytes);  // workspace bytes of one core's Cube <-> vector exchange
+TILING_DATA_FIELD_DEF(uint32_t, partial_bytes);  // workspace bytes of one partial result
+TILING_DATA_FIELD_DEF(uint32_t, quant);          // 1: int8 caches with float32 scales
+TILING_DATA_FIELD_DEF(uint32_t, ws_bytes);       // workspace bytes of the kernel (exchange and partials)
 END_TILING_DATA_DEF;
 
 REGISTER_TILING_DATA_CLASS(MsAtbPagedAttention, MsAtbPagedAttentionTilingData)

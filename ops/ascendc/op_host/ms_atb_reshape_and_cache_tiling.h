@@ -12,6 +12,15 @@ TILING_DATA_FIELD_DEF(uint32_t, num_slots);    // NB * BS
 TILING_DATA_FIELD_DEF(uint32_t, block_dim);    // cores the tokens are dealt to
 TILING_DATA_FIELD_DEF(uint32_t, chunk_elems);  // elements per copy through the unified buffer
 TILING_DATA_FIELD_DEF(uint32_t, chunk_bytes);  // bytes of each of the two staging buffers
+TILING_DATA_FIELD_DEF(uint32_t, head_dim);     // D
+TILING_DATA_FIELD_DEF(uint32_t, num_kv_heads); // KVH
+TILING_DATA_FIELD_DEF(uint32_t, quant);        // 1: int8 caches, quantised per (token, KV head) row
+TILING_DATA_FIELD_DEF(uint32_t, f32_bytes);    // int8 caches: bytes of the quantisation buffers
+TILING_DATA_FIELD_DEF(uint32_t, i32_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, half_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, int8_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, scale_bytes);
+TILING_DATA_FIELD_DEF(uint32_t, work_bytes);
 END_TILING_DATA_DEF;
 
 REGISTER_TILING_DATA_CLASS(MsAtbReshapeAndCache, MsAtbReshapeAndCacheTilingData)

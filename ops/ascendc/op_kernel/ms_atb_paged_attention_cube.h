@@ -1,0 +1,107 @@
+// Members of PagedAttentionKernel (included inside the class, ms_atb_paged_attention_kernel.h): the span step
+// of prefill chunks on the Cube unit. Per span of S cache tokens, with M = rows rounded up to 16:
+//   Q [M, D] (L1 NZ -> L0A zZ, once per item) x K^T [D, S] (L1 NZ -> L0B nZ) -> scores [M, S] in L0C
+//   -> workspace (Fixpipe, row-major) -> unified buffer: scale, causal mask, online softmax (vector unit)
+//   -> P [rows, S] in T -> workspace -> L1 NZ -> L0A; V [S, D] (L1 NZ -> L0B nZ, each fractal transposed)
+//   -> P x V [M, D] in L0C -> workspace -> unified buffer, added to the rescaled accumulator.
+// Rows past `rows` and tokens past the span's end are padding: V's padding rows are zeroed in L1 and P's
+// padding columns are 0, so they add nothing; the padding rows of the results are never read.
+
+// The fractals [start, start + count * stride) (every stride-th) of an L1 tensor into consecutive fractals
+// of an L0 tensor, at most 255 per LoadData.
+__aicore__ inline void Fractals(const LocalTensor<T> &dst, const LocalTensor<T> &src, uint32_t count, uint32_t start,
+                                uint32_t stride, bool transpose) {
+  for (uint32_t i = 0; i < count; i += 255) {
+    const uint32_t n = count - i < 255 ? count - i : 255;
+    LoadData(dst[i * kFracElems], src, LoadData2DParams(start + i * stride, n, stride, 0, 0, transpose, 0));
+  }
+}
+
+// The item's queries (nq queries x head_tile heads from row row0, head head0) into L0A, held in q_a_.
+__aicore__ inline void LoadQueryCube(int32_t row0, int32_t nq, uint32_t head0) {
+  const uint32_t D = t_.head_dim, M = t_.rows_pad, ht = t_.head_tile;
+  LocalTensor<T> q1 = q_l1_.AllocTensor<T>();  // [M, D] NZ
+  DataCopy(q1, query_[(uint64_t{uint32_t(row0)} * t_.num_heads + head0) * D],
+           Nd2NzParams(nq, ht, D, t_.num_heads * D, D, M, 1, ht * kFrac));
+  q_l1_.EnQue(q1);
+  q1 = q_l1_.DeQue<T>();
+  q_a_ = q_l0a_.AllocTensor<T>();  // [M, D] zZ
+  for (uint32_t mb = 0; mb < M / kFrac; ++mb) Fractals(q_a_[mb * (D / kFrac) * kFracElems], q1, D / kFrac, mb, M / kFrac, false);
+  q_l0a_.EnQue(q_a_);
+  q_a_ = q_l0a_.DeQue<T>();
+  q_l1_.FreeTensor(q1);
+}
+
+// One span (cache tokens base..min(base + S, end) of KV head g) of a prefill item.
+__aicore__ inline void CubeSpan(uint32_t b, uint32_t g, int32_t base, int32_t end, int32_t first_pos, uint32_t rows) {
+  const uint32_t D = t_.head_dim, S = t_.span, M = t_.rows_pad, BS = t_.block_size;
+  const int32_t ntok = end - base < static_cast<int32_t>(S) ? end - base : S;
+  // This core's exchange area of the workspace (element offsets): scores, probabilities, P x V.
+  const uint64_t ws = uint64_t{uint32_t(GetBlockIdx())} * t_.ws_core_bytes;
+  const uint64_t at_scores = ws / sizeof(float), at_p = (ws + (M * S * 4 + 31) / 32 * 32) / sizeof(T);
+  const uint64_t at_pv = (ws + (M * S * 4 + 31) / 32 * 32 + (M * S * sizeof(T) + 31) / 32 * 32) / sizeof(float);
+  LocalTensor<T> k1 = k_l1_.AllocTensor<T>(), v1 = v_l1_.AllocTensor<T>();  // [S, D] NZ each
+  if (ntok < static_cast<int32_t>(S))  // V's rows ntok..S of every column block
+    InitConstValue(v1[ntok * kFrac], InitConstValueParams<T>(D / kFrac, S - ntok, ntok, T(0.0f)));
+  for (int32_t tok = base; tok < base + ntok;) {
+    const int32_t in_block = tok % BS, left = base + ntok - tok;
+    const int32_t n = static_cast<int32_t>(BS) - in_block < left ? static_cast<int32_t>(BS) - in_block : left;
+    const uint64_t src = (Slot(b, tok) * t_.num_kv_heads + g) * D;
+    const Nd2NzParams nz(1, n, D, 0, t_.num_kv_heads * D, S, 1, 0);
+    DataCopy(k1[(tok - base) * kFrac], key_t_[src], nz);
+    DataCopy(v1[(tok - base) * kFrac], value_t_[src], nz);
+    tok += n;
+  }
+  k_l1_.EnQue(k1);
+  v_l1_.EnQue(v1);
+  k1 = k_l1_.DeQue<T>();
+  v1 = v_l1_.DeQue<T>();
+  // scores = Q x K^T: K's NZ fractals are already K^T's nZ fractals, in order.
+  LocalTensor<T> k0 = k_l0b_.AllocTensor<T>();
+  Fractals(k0, k1, (D / kFrac) * (S / kFrac), 0, 1, false);
+  k_l0b_.EnQue(k0);
+  k0 = k_l0b_.DeQue<T>();
+  k_l1_.FreeTensor(k1);
+  LocalTensor<float> s0 = s_l0c_.AllocTensor<float>();  // [M, S] NZ
+  Mmad(s0, q_a_, k0, MmadParams(M, S, D, false, 0, false, false, false));
+  k_l0b_.FreeTensor(k0);
+  s_l0c_.EnQue(s0);
+  s0 = s_l0c_.DeQue<float>();
+  Fixpipe<float, float, CFG_ROW_MAJOR>(ws_f_[at_scores], s0, FixpipeParamsV220(S, M, M, S, false));
+  s_l0c_.FreeTensor(s0);
+  // The softmax on the vector unit; the probabilities go back in T.
+  LocalTensor<float> scores = scores_buf_.Get<float>();  // [rows, S]
+  DataCopy(scores, ws_f_[at_scores], rows * S);
+  Muls(scores, scores, scale_.GetValue(0), rows * S);
+  Softmax(first_pos, base, ntok, rows, true);
+  LocalTensor<T> p = p_buf_.Get<T>();  // [rows, S]
+  Cast(p, scores, RoundMode::CAST_RINT, rows * S);
+  PipeBarrier<PIPE_ALL>();
+  DataCopy(ws_t_[at_p], p, rows * S);
+  // P x V.
+  LocalTensor<T> p1 = p_l1_.AllocTensor<T>();  // [M, S] NZ
+  DataCopy(p1, ws_t_[at_p], Nd2NzParams(1, rows, S, 0, S, M, 1, 0));
+  p_l1_.EnQue(p1);
+  p1 = p_l1_.DeQue<T>();
+  LocalTensor<T> p0 = p_l0a_.AllocTensor<T>();  // [M, S] zZ
+  for (uint32_t mb = 0; mb < M / kFrac; ++mb) Fractals(p0[mb * (S / kFrac) * kFracElems], p1, S / kFrac, mb, M / kFrac, false);
+  p_l0a_.EnQue(p0);
+  p0 = p_l0a_.DeQue<T>();
+  p_l1_.FreeTensor(p1);
+  LocalTensor<T> v0 = v_l0b_.AllocTensor<T>();  // [S, D] nZ
+  for (uint32_t kb = 0; kb < S / kFrac; ++kb) Fractals(v0[kb * (D / kFrac) * kFracElems], v1, D / kFrac, kb, S / kFrac, true);
+  v_l0b_.EnQue(v0);
+  v0 = v_l0b_.DeQue<T>();
+  v_l1_.FreeTensor(v1);
+  LocalTensor<float> o0 = pv_l0c_.AllocTensor<float>();  // [M, D] NZ
+  Mmad(o0, p0, v0, MmadParams(M, D, S, false, 0, false, false, false));
+  p_l0a_.FreeTensor(p0);
+  v_l0b_.FreeTensor(v0);
+  pv_l0c_.EnQue(o0);
+  o0 = pv_l0c_.DeQue<float>();
+  Fixpipe<float, float, CFG_ROW_MAJOR>(ws_f_[at_pv], o0, FixpipeParamsV220(D, M, M, D, false));
+  pv_l0c_.FreeTensor(o0);
+  LocalTensor<float> pv = qf_buf_.Get<float>(), acc = acc_buf_.Get<float>();  // [rows, D]; qf is free on this path
+  DataCopy(pv, ws_f_[at_pv], rows * D);
+  Add(acc, acc, pv, rows * D);
+}
