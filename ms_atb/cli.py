@@ -23,6 +23,7 @@ import os
 import sys
 import time
 
+from ms_atb import quiet
 from ms_atb.output_file import OutputLock, done_ids
 from ms_atb.prompt_file import STDIN, STDIN_NAME, read_requests
 from ms_atb.sampling_params import SamplingParams
@@ -68,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--length-penalty", type=float, default=1.0,
                    help="beam search: a beam's score is its log-probability / its tokens ** this (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true",
+                   help="show MindSpore's own warnings (hidden by default; also MS_ATB_VERBOSE=1)")
     return p.parse_args(argv)
 
 
@@ -78,6 +81,7 @@ def main(argv=None) -> int:
     if argv is None:
         watch_signals()
     args = parse_args(argv)
+    quiet.set_up(args.verbose)          # before MindSpore is imported: it reads its log level then
     try:
         return _main(args)
     except ValueError as e:
