@@ -125,6 +125,7 @@ class ModelRunner:
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.compiled = set()                    # token buckets whose graph is ready
         self.compile_seconds = 0.0               # spent compiling or loading them
+        self.graph_log = []                      # (bucket asked for, seconds it took), in order
         self.graph_cache = None                  # GraphCache (open_graph_cache)
         self.token_logits = None                 # LlamaTokenLogits, built when first needed
         self.warmup_stats = None
@@ -194,7 +195,9 @@ class ModelRunner:
             self._compile_bucket(bucket)
         else:
             self.graph_cache.ensure(bucket, self._compile_bucket)
-        self.compile_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.compile_seconds += seconds
+        self.graph_log.append((bucket, seconds))
 
     def warmup(self, graph_cache: str | None = None) -> dict:
         """Compile (or load) the graph of every token bucket with an all-padding step (no cache write).
