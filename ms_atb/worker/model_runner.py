@@ -182,7 +182,7 @@ class ModelRunner:
         """Keeps this runner's graphs in `root` between runs (ms_atb.worker.graph_cache): each bucket is
         loaded or compiled, and saved, when first needed. Returns the cache's status."""
         from ms_atb.worker.graph_cache import GraphCache
-        self.graph_cache = GraphCache(root, self.graph_key_parts()).open()
+        self.graph_cache = GraphCache(root, self.graph_key_parts() if root else {}).open()
         return self.graph_cache.status
 
     def ensure_compiled(self, bucket: int) -> None:
