@@ -151,3 +151,16 @@ def test_a_cache_that_fails_to_load_is_removed_and_the_bucket_compiled_without_i
     assert not again.path.exists()
     again.ensure(1, broken)                        # the rest of the process: no cache
     assert compiled == [8, 1]
+
+
+def test_the_default_cache_lives_in_the_users_cache_directory(monkeypatch, tmp_path):
+    from ms_atb.config import EngineConfig
+    from ms_atb.llm import graph_cache_root
+    assert EngineConfig.load(TINY).context.compile_cache == "auto"
+    monkeypatch.delenv("MS_ATB_GRAPH_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert graph_cache_root("auto") == os.path.join(str(tmp_path), "ms_atb", "graphs")
+    monkeypatch.setenv("MS_ATB_GRAPH_CACHE", "off")
+    assert graph_cache_root("auto") is None and graph_cache_root(None) is None
+    monkeypatch.setenv("MS_ATB_GRAPH_CACHE", str(tmp_path / "g"))
+    assert graph_cache_root("auto") == str(tmp_path / "g") and graph_cache_root("/x") == "/x"
