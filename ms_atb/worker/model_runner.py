@@ -180,9 +180,11 @@ class ModelRunner:
 
     def open_graph_cache(self, root: str | None) -> str:
         """Keeps this runner's graphs in `root` between runs (ms_atb.worker.graph_cache): each bucket is
-        loaded or compiled, and saved, when first needed. Returns the cache's status."""
+        loaded or compiled, and saved, when first needed. Returns the cache's status. A runner keeps the first
+        cache it opened (the graphs it loaded are numbered in that cache's order)."""
         from ms_atb.worker.graph_cache import GraphCache
-        self.graph_cache = GraphCache(root, self.graph_key_parts() if root else {}).open()
+        if self.graph_cache is None:
+            self.graph_cache = GraphCache(root, self.graph_key_parts() if root else {}).open()
         return self.graph_cache.status
 
     def ensure_compiled(self, bucket: int) -> None:
