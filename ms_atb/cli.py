@@ -28,6 +28,7 @@ import os
 import sys
 import time
 
+from ms_atb import quiet
 from ms_atb.openai_batch import error_line, result_line
 from ms_atb.output_file import OutputLock, done_ids
 from ms_atb.prompt_file import FORMATS, STDIN, STDIN_NAME, read_input, read_requests
@@ -80,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--merge", action="store_true",
                    help="only merge the part files of a data-parallel job into --output, in --input order")
+    p.add_argument("--verbose", action="store_true",
+                   help="show MindSpore's own warnings (hidden by default; also MS_ATB_VERBOSE=1)")
     args = p.parse_args(argv)
     if args.config is None and not args.merge:
         p.error("the following arguments are required: --config")
@@ -93,6 +96,7 @@ def main(argv=None) -> int:
     if argv is None:
         watch_signals()
     args = parse_args(argv)
+    quiet.set_up(args.verbose)          # before MindSpore is imported: it reads its log level then
     try:
         return _merge(args) if args.merge else _main(args)
     except ValueError as e:

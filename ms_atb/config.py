@@ -69,8 +69,8 @@ class ContextSection:
     device: str = "cpu"
     mode: str = "graph"
     seed: int = 0
-    compile_cache: Union[str, None] = None    # a directory keeping compiled graphs between runs; None: off
-    precompile: bool = True   # compile every token bucket's graph at build; false: each on first use (no cache)
+    compile_cache: Union[str, None] = "auto"  # a directory keeping compiled graphs between runs; auto: ~/.cache/ms_atb/graphs; None: off
+    precompile: bool = False  # true: every token bucket's graph at build; false: each when a step first needs it
 
 
 @dataclass
@@ -184,7 +184,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if kv.num_blocks != "auto" and (not isinstance(kv.num_blocks, int) or kv.num_blocks < 1):
             raise ValueError(f"kv_cache.num_blocks must be an integer >= 1 or 'auto', got {kv.num_blocks!r}")
-        cache = self.context.compile_cache and os.path.expanduser(self.context.compile_cache)
+        cache = self.context.compile_cache not in (None, "auto") and os.path.expanduser(self.context.compile_cache)
         if cache and os.path.exists(cache) and not os.path.isdir(cache):
             raise ValueError(f"context.compile_cache must be a directory, got the file {self.context.compile_cache!r}")
         if self.context.seed < 0:

@@ -129,16 +129,20 @@ class LLM:
         t0 = time.perf_counter()
         with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
             runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config)
-            # the compile cache keeps graphs in compile order, so with a cache every bucket compiles up front
-            lazy = not cfg.context.precompile and cfg.context.compile_cache is None
-            stats = {"graph_cache": "off"} if lazy else runner.warmup(cfg.context.compile_cache)
+            # Each bucket's graph is loaded or compiled when a step first needs it; precompile does all now.
+            status = runner.open_graph_cache(graph_cache_root(cfg.context.compile_cache))
+            if cfg.context.precompile:
+                runner.warmup()
         self.runner = runner
-        if stats["graph_cache"] != "off":
-            where = {"skipped": " (an earlier engine of this process uses it)",
-                     "unavailable": " (no entry script file, as under python -c)"}.get(
-                stats["graph_cache"], f" ({stats['graph_cache_path']})")
-            self._log(f"{stats['graphs']} graphs ready in {stats['seconds']:.1f} s; "
-                      f"compile cache {stats['graph_cache']}{where}")
+        stats = runner.graph_stats()
+        where = {"skipped": " (an earlier engine of this process uses it)",
+                 "unavailable": " (no entry script file, as under python -c)"}.get(
+            status, f" ({stats['graph_cache_path']}, {len(runner.graph_cache.recorded)} graphs recorded)")
+        if cfg.context.precompile:
+            self._log(f"{stats['graphs']} graphs ready in {stats['seconds']:.1f} s; compile cache "
+                      f"{stats['graph_cache']}{where if stats['graph_cache'] != 'off' else ''}")
+        elif status != "off":
+            self._log(f"graphs load or compile on first use; compile cache{where}")
         self.build_seconds = time.perf_counter() - t0
 
     # ---- public API -----------------------------------------------------------------------
@@ -338,6 +342,15 @@ class LLM:
     def _log(self, message: str) -> None:
         if self.rank == 0 and os.environ.get("MS_ATB_QUIET") != "1":
             print(f"[ms_atb] {message}", flush=True)
+
+
+def graph_cache_root(setting: str | None) -> str | None:
+    """context.compile_cache as a directory: "auto" is the user's cache directory (graph_cache.default_root),
+    None is no cache."""
+    if setting == "auto":
+        from ms_atb.worker.graph_cache import default_root
+        return default_root()
+    return setting
 
 
 def _available_memory() -> int | None:

@@ -6,6 +6,8 @@ in worker subprocesses of the bench venv (torch / transformers / llama-cpp-pytho
 engines alternate over repeats (A B C, C B A, ...).
     .venv/bin/python scripts/bench_throughput.py [--repeats 2] [--workloads mixed large] [--no-llama-cpp]
 A worker: .venv-bench/bin/python scripts/bench_throughput.py --worker hf|llama.cpp --gguf FILE
+llama.cpp here serves one sequence at a time (llama-cpp-python's high-level API); its batched decode (1, 8, 32
+sequences in one KV cache) beside ms_atb's model step: scripts/bench_llamacpp_batched.py.
 """
 import argparse
 import importlib.util
@@ -180,13 +182,13 @@ class MsAtbEngine:
         import mindspore
         from ms_atb import LLM, SamplingParams
         self.SamplingParams = SamplingParams
-        self.llm = LLM(config, **overrides)
+        self.llm = LLM(config, **{"precompile": True, **overrides})   # every graph before any clock starts
         # one short request through the whole loop, so that one-time costs fall outside the clock
         self.llm.generate([[100] * 40], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
         c = self.llm.config
         self.versions = {"mindspore": mindspore.__version__, "max_num_seqs": c.scheduler.max_num_seqs,
                          "max_num_batched_tokens": c.scheduler.max_num_batched_tokens,
-                         "num_blocks": self.llm.num_blocks, "graphs": self.llm.runner.warmup_stats}
+                         "num_blocks": self.llm.num_blocks, "graphs": self.llm.runner.graph_stats()}
 
     def run(self, prompts, max_tokens) -> dict:
         params = [self.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
@@ -239,7 +241,8 @@ def main() -> None:
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT", help="ms_atb config override")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="ms_atb config override, e.g. max_num_seqs=64 or model.weight_dtype=q4_1")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--workloads", nargs="+", default=["mixed", "large"], choices=sorted(WORKLOADS))
     ap.add_argument("--peer-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"))
@@ -261,7 +264,8 @@ def main() -> None:
     print(f"hardware: {hardware()}")
     print(f"load average at start: {load0:.2f} (the machine is shared; figures of a busy machine are lower)")
     overrides = dict(kv.split("=", 1) for kv in args.set)
-    overrides = {k: int(v) if v.isdigit() else v for k, v in overrides.items()}
+    # a leaf may be named with its section (model.weight_dtype=q4_1): LLM takes leaf names
+    overrides = {k.rpartition(".")[2]: int(v) if v.isdigit() else v for k, v in overrides.items()}
     t0 = time.perf_counter()
     engines = {"ms_atb": MsAtbEngine(args.config, overrides)}
     print(f"ms_atb: built in {time.perf_counter() - t0:.1f} s (weights + {engines['ms_atb'].versions['graphs']}); "

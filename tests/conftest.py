@@ -2,6 +2,8 @@
 fixture per kind of engine (what is fixed at build time: model, dtype, block size, pool and step caps)."""
 import os
 
+os.environ.setdefault("MS_ATB_GRAPH_CACHE", "off")   # engines under test keep no graphs in the user's cache
+
 import pytest
 
 from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state

@@ -91,14 +91,16 @@ def test_a_kernel_cache_of_another_user_is_refused(kernel_cache):
 # ------------------------------------------------------------ compiled graphs
 
 def _warmup(root, parts=None):
-    """A GraphCache round as the engine does it; 'compiling' writes one graph file."""
+    """A GraphCache round as the engine runs it on one bucket; 'compiling' writes graph 0 unless it exists."""
     graph_cache._claimed_by_pid = None
-    with GraphCache(str(root), parts or {"model": "m"}) as cache:
-        if cache.status == "saved":
-            target = os.environ["MS_COMPILER_CACHE_PATH"]
-            os.makedirs(target, exist_ok=True)
+
+    def compile_one(bucket):
+        target = os.environ["MS_COMPILER_CACHE_PATH"]
+        if not os.path.exists(os.path.join(target, "compile_cache_0.mindir")):
             with open(os.path.join(target, "compile_cache_0.mindir"), "w") as f:
                 f.write("graph")
+    cache = GraphCache(str(root), parts or {"model": "m"}).open()
+    cache.ensure(8, compile_one)
     graph_cache._claimed_by_pid = None
     return cache
 
@@ -122,7 +124,7 @@ def test_an_unrecorded_or_changed_graph_cache_is_compiled_afresh(tmp_path, tampe
     again = _warmup(tmp_path / "g")
     assert again.status == "saved"
     assert (again.path / "compile_cache_0.mindir").read_text() == "graph"
-    assert sorted(os.listdir(again.path)) == ["compile_cache_0.mindir"]
+    assert sorted(os.listdir(again.path)) == ["buckets.json", "compile_cache_0.mindir"]
     assert _warmup(tmp_path / "g").status == "loaded"
 
 

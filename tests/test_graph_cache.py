@@ -21,7 +21,7 @@ params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 for num_blocks in map(int, sys.argv[2].split(",")):
     llm = LLM(%r, max_num_batched_tokens=8, max_num_seqs=2, num_blocks=num_blocks, compile_cache=sys.argv[1])
     outs = llm.generate([[1, 2, 3, 4, 5], list(range(100, 119))], params, use_tqdm=False)
-    s = llm.runner.warmup_stats
+    s = llm.runner.graph_stats()
     print(json.dumps([s["graph_cache"], s["graph_cache_path"], [o.token_ids for o in outs]]))
 """ % TINY
 
@@ -66,9 +66,11 @@ def test_key_follows_the_model_files_and_the_shape(tmp_path):
 
 
 def test_off_without_a_directory():
-    with GraphCache(None, {}) as cache:
-        pass
-    assert cache.status == "off" and cache.path is None
+    cache = GraphCache(None, {}).open()
+    compiled = []
+    cache.ensure(4, compiled.append)
+    assert cache.status == "off" and cache.path is None and compiled == [4]
+    assert "MS_COMPILER_CACHE_PATH" not in os.environ
 
 
 def test_bad_cache_paths_are_value_errors(tmp_path, monkeypatch):
@@ -80,8 +82,7 @@ def test_bad_cache_paths_are_value_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="context.compile_cache must be a directory"):
         EngineConfig.load(TINY, compile_cache=str(afile))
     with pytest.raises(ValueError, match="context.compile_cache .* is not a usable directory"):
-        with GraphCache(str(afile / "sub"), {}):
-            pass
+        GraphCache(str(afile / "sub"), {}).open()
 
 
 def test_temporary_folders_of_dead_processes_are_swept(tmp_path):
@@ -93,3 +94,73 @@ def test_temporary_folders_of_dead_processes_are_swept(tmp_path):
     (tmp_path / "k3").mkdir()                                  # a finished cache: kept
     sweep_dead_temps(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k2.tmp-" + str(os.getpid()), "k3"]
+
+
+def test_buckets_load_in_recorded_order_and_new_ones_are_appended(tmp_path, monkeypatch):
+    """MindSpore loads the process's N-th cached graph for its N-th compile: a bucket recorded at N loads
+    only after 0..N-1, and a bucket the cache lacks is appended after every recorded one."""
+    from ms_atb.worker import graph_cache
+    root = tmp_path / "g"
+
+    def run(buckets_needed):
+        monkeypatch.setattr(graph_cache, "_claimed_by_pid", None)
+        calls = []                                 # (bucket, N it ran as, loaded?)
+
+        def compile_one(bucket):
+            work = os.environ["MS_COMPILER_CACHE_PATH"]
+            n = len([c for c in calls if c[1] is not None])
+            graph = os.path.join(work, f"compile_cache_{n}.mindir")
+            loaded = os.path.exists(graph)
+            if loaded:                             # what MindSpore would run: graph n, whatever was asked
+                assert open(graph).read() == f"bucket {bucket}", f"graph {n} is not bucket {bucket}'s"
+            else:
+                open(graph, "w").write(f"bucket {bucket}")
+            calls.append((bucket, n, loaded))
+        cache = GraphCache(str(root), {"model": "m"}).open()
+        for b in buckets_needed:
+            cache.ensure(b, compile_one)
+        return cache, calls
+
+    first, calls = run([8, 1])
+    assert first.status == "saved" and calls == [(8, 0, False), (1, 1, False)]
+    second, calls = run([1, 4])                    # 1 is recorded second: 8 loads first; 4 is new
+    assert calls == [(8, 0, True), (1, 1, True), (4, 2, False)]
+    assert second.status == "saved" and second.recorded == [8, 1, 4]
+    third, calls = run([8, 1, 4])
+    assert third.status == "loaded" and [c[2] for c in calls] == [True] * 3
+    assert json.loads((third.path / "buckets.json").read_text()) == [8, 1, 4]
+
+
+def test_a_cache_that_fails_to_load_is_removed_and_the_bucket_compiled_without_it(tmp_path, monkeypatch):
+    from ms_atb.worker import graph_cache
+    monkeypatch.setattr(graph_cache, "_claimed_by_pid", None)
+    root, compiled = tmp_path / "g", []
+    cache = GraphCache(str(root), {"model": "m"}).open()
+    cache.ensure(8, lambda b: open(os.path.join(os.environ["MS_COMPILER_CACHE_PATH"], "compile_cache_0.mindir"),
+                                   "w").write("graph"))
+    assert cache.path.is_dir()
+    monkeypatch.setattr(graph_cache, "_claimed_by_pid", None)
+    again = GraphCache(str(root), {"model": "m"}).open()
+
+    def broken(bucket):
+        if "MS_COMPILER_CACHE_PATH" in os.environ:
+            raise RuntimeError("bad graph file")
+        compiled.append(bucket)
+    again.ensure(8, broken)
+    assert compiled == [8] and again.status.startswith("failed (RuntimeError: bad graph file)")
+    assert not again.path.exists()
+    again.ensure(1, broken)                        # the rest of the process: no cache
+    assert compiled == [8, 1]
+
+
+def test_the_default_cache_lives_in_the_users_cache_directory(monkeypatch, tmp_path):
+    from ms_atb.config import EngineConfig
+    from ms_atb.llm import graph_cache_root
+    assert EngineConfig.load(TINY).context.compile_cache == "auto"
+    monkeypatch.delenv("MS_ATB_GRAPH_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert graph_cache_root("auto") == os.path.join(str(tmp_path), "ms_atb", "graphs")
+    monkeypatch.setenv("MS_ATB_GRAPH_CACHE", "off")
+    assert graph_cache_root("auto") is None and graph_cache_root(None) is None
+    monkeypatch.setenv("MS_ATB_GRAPH_CACHE", str(tmp_path / "g"))
+    assert graph_cache_root("auto") == str(tmp_path / "g") and graph_cache_root("/x") == "/x"

@@ -1,4 +1,4 @@
-"""context.precompile: every token bucket's graph at build (the default), or each on first use."""
+"""context.precompile: each token bucket's graph on first use (the default), or every one at build."""
 import numpy as np
 
 from engine_helpers import TINY_CONFIG, tiny_logits

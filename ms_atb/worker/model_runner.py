@@ -123,7 +123,10 @@ class ModelRunner:
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
                                                     dtype=np.float32))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
-        self.compiled = set()
+        self.compiled = set()                    # token buckets whose graph is ready
+        self.compile_seconds = 0.0               # spent compiling or loading them
+        self.graph_log = []                      # (bucket asked for, seconds it took), in order
+        self.graph_cache = None                  # GraphCache (open_graph_cache)
         self.token_logits = None                 # LlamaTokenLogits, built when first needed
         self.warmup_stats = None
 
@@ -171,27 +174,52 @@ class ModelRunner:
             if self.token_logits is None:
                 self.token_logits = LlamaTokenLogits(self.model)
             return self.token_logits(*tensors).asnumpy()[:len(step.token_ids)]  # [T, V]
+        self.ensure_compiled(len(arrays[0]))
         logits = self.model(*tensors)  # [B_bucket, V]
-        self.compiled.add(len(arrays[0]))
         return logits.asnumpy()[:num_seqs]
 
-    def warmup(self, graph_cache: str | None = None) -> dict:
-        """Compile the graph of every token bucket with an all-padding step (no cache write).
-        graph_cache: a directory that keeps the compiled graphs between runs (see ms_atb.worker.graph_cache)."""
+    def open_graph_cache(self, root: str | None) -> str:
+        """Keeps this runner's graphs in `root` between runs (ms_atb.worker.graph_cache): each bucket is
+        loaded or compiled, and saved, when first needed. Returns the cache's status. A runner keeps the first
+        cache it opened (the graphs it loaded are numbered in that cache's order)."""
         from ms_atb.worker.graph_cache import GraphCache
+        if self.graph_cache is None:
+            self.graph_cache = GraphCache(root, self.graph_key_parts() if root else {}).open()
+        return self.graph_cache.status
+
+    def ensure_compiled(self, bucket: int) -> None:
+        """The graph of token bucket `bucket` ready to run: nothing when it is, else loaded from the graph
+        cache or compiled (seconds on SmolLM2), its time added to compile_seconds."""
+        if bucket in self.compiled:
+            return
         start = time.perf_counter()
-        cache = GraphCache(graph_cache, self.graph_key_parts())
-        try:
-            with cache:
-                self._compile_buckets()
-        except Exception as e:
-            if cache.status not in ("loaded", "saved"):
-                raise
-            self._compile_buckets()              # without the cache (a loaded one was removed)
-            cache.status = f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}), not used"
-        self.warmup_stats = {"graphs": len(self.buckets), "seconds": time.perf_counter() - start,
-                             "graph_cache": cache.status, "graph_cache_path": cache.path and str(cache.path)}
+        if self.graph_cache is None:
+            self._compile_bucket(bucket)
+        else:
+            self.graph_cache.ensure(bucket, self._compile_bucket)
+        seconds = time.perf_counter() - start
+        self.compile_seconds += seconds
+        self.graph_log.append((bucket, seconds))
+
+    def warmup(self, graph_cache: str | None = None) -> dict:
+        """Compile (or load) the graph of every token bucket with an all-padding step (no cache write).
+        graph_cache: a directory that keeps the compiled graphs between runs, when no open_graph_cache()
+        came before."""
+        start = time.perf_counter()
+        if self.graph_cache is None:
+            self.open_graph_cache(graph_cache)
+        for t in self.buckets:
+            self.ensure_compiled(t)
+        self.warmup_stats = {**self.graph_stats(), "seconds": time.perf_counter() - start}
         return self.warmup_stats
+
+    def graph_stats(self) -> dict:
+        """Graphs ready, from the cache or compiled, the seconds spent on them, the cache's status and path."""
+        cache = self.graph_cache
+        on = cache is not None and cache.path is not None and cache.status in ("loaded", "saved", "empty")
+        return {"graphs": len(self.compiled), "seconds": self.compile_seconds,
+                "graphs_loaded": cache.loaded if cache else 0, "graphs_saved": cache.saved if cache else 0,
+                "graph_cache": cache.status if cache else "off", "graph_cache_path": str(cache.path) if on else None}
 
     def graph_key_parts(self) -> dict:
         """Everything the compiled graphs depend on besides ms_atb's and MindSpore's code."""
@@ -210,11 +238,11 @@ class ModelRunner:
         from ms_atb.ops.ascendc_build import ascendc_library
         return {"ascendc_kernels": ascendc_library()}
 
-    def _compile_buckets(self) -> None:
-        for t in self.buckets:
-            b = min(t, self.max_num_seqs)
-            arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
-                      np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
-                      np.zeros(b + 1, np.int32)]
-            self.model(*[ms.Tensor(a) for a in arrays]).asnumpy()
-            self.compiled.add(t)
+    def _compile_bucket(self, t: int) -> None:
+        """Runs bucket t's graph once on an all-padding step (no cache write), which compiles or loads it."""
+        b = min(t, self.max_num_seqs)
+        arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
+                  np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
+                  np.zeros(b + 1, np.int32)]
+        self.model(*[ms.Tensor(a) for a in arrays]).asnumpy()
+        self.compiled.add(t)

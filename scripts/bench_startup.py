@@ -1,0 +1,91 @@
+"""Where the time to the first generated token goes, cold (an empty graph cache) and warm (the second run).
+
+Each run is a fresh process on the embedded default (configs/smollm2_135m.yaml), one chat prompt, one output
+token, with the graph cache in a fresh directory shared by the two runs. The parent times the process from its
+start to the first token; the process reports its phases: importing MindSpore and ms_atb, preparing the
+engine (config, tokenizer), the kernel library's load (built at install by scripts/setup_env.sh), the model
+runner (weights), and each graph compiled or loaded. The C++ kernels' build is not counted: it happens at install.
+    .venv/bin/python scripts/bench_startup.py [--runs 2] [--config configs/smollm2_135m.yaml] [--set KEY=VALUE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def child(config: str, overrides: list[str]) -> None:
+    """One run; prints `PHASES <json>` once the first token is out."""
+    from ms_atb import quiet
+    quiet.set_up()
+    phases, t = {}, time.perf_counter()
+
+    def mark(name):
+        nonlocal t
+        now = time.perf_counter()
+        phases[name] = round(now - t, 3)
+        t = now
+    import mindspore  # noqa: F401
+    mark("import mindspore")
+    import yaml
+    from ms_atb import LLM, SamplingParams
+    import ms_atb.llm  # noqa: F401
+    mark("import ms_atb")
+    keywords = {k.rpartition(".")[2]: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in overrides)}
+    llm = LLM.prepare(config, default_policy="prefix", **keywords)
+    mark("prepare (config, tokenizer, KV budget)")
+    from ms_atb.ops.build import kernel_library
+    kernel_library()
+    mark("kernel library (built at install)")
+    llm.build()
+    mark("model runner (weights) + graph cache open")
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    mark("first token (graphs + prefill)")
+    runner = llm.runner
+    print("PHASES " + json.dumps({"phases": phases, "graphs": runner.graph_log,
+                                  "cache": runner.graph_stats(), "token": out[0].token_ids}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=2, help="the first is cold, the others warm")
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.config, args.set)
+    if args.runs < 1:
+        ap.error(f"--runs must be >= 1, got {args.runs}")
+    cache = tempfile.mkdtemp(prefix="ms_atb_graphs_")
+    for run in range(args.runs):
+        start = time.perf_counter()
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--config", args.config,
+               "--set", f"compile_cache={cache}"] + [x for s in args.set for x in ("--set", s)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        report = None
+        for line in proc.stdout:
+            if line.startswith("PHASES "):
+                first = time.perf_counter() - start
+                report = json.loads(line[7:])
+        proc.wait()
+        if report is None:
+            print(f"run {run + 1}: failed (exit {proc.returncode})")
+            return 1
+        c = report["cache"]
+        print(f"run {run + 1} ({'cold' if run == 0 else 'warm'}): first token {first:.1f} s after process start "
+              f"(interpreter start and process exit aside: {sum(report['phases'].values()):.1f} s)")
+        for name, sec in report["phases"].items():
+            print(f"  {name:45s} {sec:6.2f} s")
+        print(f"  graphs: {', '.join(f'{b} tokens {s:.1f} s' for b, s in report['graphs'])}; "
+              f"{c['graphs_loaded']} loaded, {c['graphs_saved']} compiled and saved")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
