@@ -1,6 +1,7 @@
 """Shared engines: building one compiles its graphs (seconds to minutes), so tests share them, one session
 fixture per kind of engine (what is fixed at build time: model, dtype, block size, pool and step caps)."""
 import os
+import sys
 
 os.environ.setdefault("MS_ATB_GRAPH_CACHE", "off")   # engines under test keep no graphs in the user's cache
 
@@ -24,6 +25,14 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name)))
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_modules)        # stable: file order within each half
+
+
+@pytest.fixture
+def entry_script(monkeypatch):
+    """sys.argv[0] names a file, as when pytest runs as a script: the graph cache keys on the entry script,
+    and a pytest-xdist worker runs under `python -c`."""
+    if not (sys.argv and sys.argv[0] and os.path.isfile(sys.argv[0])):
+        monkeypatch.setattr(sys, "argv", [os.path.abspath(__file__)] + sys.argv[1:])
 
 
 @pytest.fixture(scope="session")

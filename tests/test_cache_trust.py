@@ -9,6 +9,8 @@ from ms_atb.ops import build
 from ms_atb.worker import graph_cache
 from ms_atb.worker.graph_cache import GraphCache
 
+pytestmark = pytest.mark.usefixtures("entry_script")     # the graph cache keys on the entry script
+
 ELF = shutil.which("true") or "/bin/true"        # any complete ELF file stands in for a built library
 
 

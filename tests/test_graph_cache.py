@@ -9,6 +9,7 @@ import pytest
 
 from ms_atb.worker.graph_cache import GraphCache, cache_key, files_identity, sweep_dead_temps
 
+pytestmark = pytest.mark.usefixtures("entry_script")     # the graph cache keys on the entry script
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 
