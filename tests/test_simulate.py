@@ -200,3 +200,14 @@ def test_script_puts_an_int8_table_beside_fp16(capsys):
     assert [c.strip() for c in rows["auto"][:2]] == ["524,288", "256"]
     assert [c.strip() for c in rows["int8"][:2]] == ["270,336", "496"]
     assert float(rows["int8"][2]) > 1.8 * float(rows["auto"][2])
+
+
+def test_data_parallel_estimate_splits_the_batch_and_scales_with_replicas(capsys):
+    simulate_dp = load_script("simulate_dp")
+    assert simulate_dp.main(["--requests", "24", "--replicas", "1,2", "--user-len", "16"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if re.match(r"\| \d", line)]
+    assert [int(r[1]) for r in rows] == [1, 2]
+    one, two = (float(r[3].replace(",", "")) for r in rows)
+    assert 1.2 * one < two <= 2.05 * one          # two cards: more output tokens/s, at most about twice
+    with pytest.raises(SystemExit):
+        simulate_dp.main(["--replicas", "0"])
