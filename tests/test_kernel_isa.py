@@ -153,3 +153,22 @@ def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache)
     assert call(fn, [q, kc, vc, tables, lens, qsl, scale, *extra, out], names) == 0
     want = paged_attention_ref(q, k_vals, v_vals, tables, lens, qsl, float(scale[0]))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_avx512_gemm_paths_compile(tmp_path):
+    """The AVX-512 tiles (PackedMatMul's panel pairs, QuantMatMul's dequantised pairs) build on any x86 CPU;
+    they run, and are checked against numpy, where the CPU has AVX-512 (the native build above)."""
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("AVX-512 is an x86 instruction set")
+    path = tmp_path / "avx512.so"
+    build.compile_library(path, ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"),
+                          sources=("matmul.cc", "quant_matmul.cc"))
+    assert build.is_complete_elf(path)
+    if "avx512f" in _cpu_flags():
+        lib = ctypes.CDLL(str(path))
+        packed, w = packed_and_reference("q4_1", 64, 40, 9)
+        x = np.random.default_rng(9).standard_normal((13, 64)).astype(np.float32)
+        y = np.full((13, 48), np.nan, np.float32)
+        assert build.call_kernel(lib.QuantMatMulQ4_1, [x, packed, y]) == 0
+        np.testing.assert_allclose(y[:, :40], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)

@@ -164,3 +164,22 @@ def test_int8_quantized_on_load():
     assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max()
     assert int(np.argmax(got)) == int(np.argmax(ref))
     assert memory_budget.weight_bytes(config, 1, 4, True, formats) == held_bytes(model)
+
+
+@pytest.mark.slow
+def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
+    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (auto) against their float32 dequantisation (the
+    shared engine, configs/smollm2_135m.yaml): greedy tokens equal on at least 3 of 4 prompts x 24 tokens."""
+    import os
+    from ms_atb import LLM, SamplingParams
+    from engine_helpers import ROOT
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+               "The three primary colors are"]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in smollm2_llm.generate(prompts, params, use_tqdm=False)]
+    quant = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="auto", max_num_batched_tokens=128,
+                max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False)
+    assert set(quant.weight_formats.values()) == {"q4_1", "q8_0"}
+    got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
+    assert all(len(g) == 24 for g in got)
+    assert sum(g == r for g, r in zip(got, ref)) >= 3, (got, ref)
