@@ -6,7 +6,7 @@ model with those parts removed), and the fraction of the CPU's fp32 roofline; wi
 the same shapes and weights, timed afterwards in the bench venv (scripts/bench_model_hf.py), and the ratios.
     .venv/bin/python scripts/bench_model.py [--random] [--batches 1 8 32] [--ctx 256] [--prompt 512] [--hf]
                                             [--cache-dtype auto|float16|bfloat16|int8]
-                                            [--weight-dtype float32 [int8 auto]] [--rounds 3]
+                                            [--weight-dtype float32 [int8 auto]] [--rounds 3] [--no-warmup]
 With several --weight-dtype values, one runner each is built, and every figure is timed round by round, the
 runners alternating, so that all of them see the same load: each prints its range over the rounds.
 """
@@ -102,6 +102,8 @@ def main():
     ap.add_argument("--weight-dtype", nargs="+", default=["float32"], choices=["auto", "float32", "int8"],
                     help="model.weight_dtype of each runner (auto: the GGUF's Q4_1 blocks as stored)")
     ap.add_argument("--rounds", type=int, default=1, help="timing rounds (each runner once a round)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="compile only the graphs timed (each on its first, untimed, step)")
     args = ap.parse_args()
     require_at_least(ap, args, 1, "ctx", "prompt", "repeats", "rounds")
     if min(args.batches) < 1:
@@ -123,8 +125,9 @@ def main():
         print(f"model: {path if args.random else os.path.basename(path)}; weight_dtype {wd} (linears: "
               f"{', '.join(formats)}), fp32 activations, KV cache {args.cache_dtype}; load {load_s:.1f} s; "
               f"buckets {runner.buckets}")
-        stats = runner.warmup()
-        print(f"warmup: {stats['graphs']} graphs compiled in {stats['seconds']:.1f} s")
+        if not args.no_warmup:
+            stats = runner.warmup()
+            print(f"warmup: {stats['graphs']} graphs compiled in {stats['seconds']:.1f} s")
     c = next(iter(runners.values())).model_config
     peak = measured_peak_gflops()
     kv_per_token = kv_cache_bytes_per_block(c, block_size, "float32", 1, args.cache_dtype) // block_size

@@ -101,3 +101,16 @@ def test_quant_matmul_cell_in_graph():
     assert y.shape == (6, 40)
     np.testing.assert_allclose(y[:4], x[:4].astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(y[4:], 0.0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bit_equal_to_float_gemm_over_the_dequantised_weight(lib, fmt):
+    """The dequantised values are those of the `gguf` package (float32 d * q + m, no fused rounding) and the
+    float tile sums in the same k order: the product equals PackedMatMul's over the float32 dequantisation
+    bit for bit, so a GGUF as stored gives the tokens of its float32 dequantisation."""
+    from ms_atb.ops.matmul import pack_weight
+    packed, w = packed_and_reference(fmt, 576, 100, 11)
+    x = np.random.default_rng(12).standard_normal((13, 576)).astype(np.float32)
+    y_float = np.zeros((13, 112), np.float32)
+    assert build.call_kernel(lib.PackedMatMul, [x, pack_weight(w), y_float]) == 0
+    np.testing.assert_array_equal(call(lib, fmt, x, packed), y_float)
