@@ -6,8 +6,11 @@ turns it into the HF layout `[out, in]`. The q/k projection rows stay in GGUF's 
 (llama.cpp's convert script reorders each head's rows for interleaved RoPE) for the llama
 architecture, which is what `rope_interleaved=True` expects; qwen2 and qwen3 files keep HF's
 rotate-half order. Metadata keys carry the architecture's prefix (`qwen2.block_count`).
+Weights kept quantized (`keep`) come as GGUFBlocks: the stored rows of Q8_0, Q4_0 or Q4_1 blocks, untouched;
+other quantized types asked for as Q8_0 are dequantised and re-quantized to Q8_0 (8 bits: no worse).
 """
 import re
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -35,6 +38,33 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+KEPT_TYPES = ("q8_0", "q4_0", "q4_1")       # GGUF block types multiplied as stored (ops/quant_matmul.cc)
+FLOAT_TYPES = ("f32", "f16", "bf16", "f64")
+
+
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """A linear weight kept quantized: rows [out, in / 32 * block bytes] uint8 of GGUF blocks of `fmt`
+    (one of KEPT_TYPES); shape: its HF layout [out, in]."""
+    rows: np.ndarray
+    fmt: str
+    shape: tuple
+
+    def dequantize(self) -> np.ndarray:
+        """[out, in] float32."""
+        import gguf
+        from gguf import quants
+        qtype = gguf.GGMLQuantizationType[self.fmt.upper()]
+        return np.asarray(quants.dequantize(self.rows, qtype), np.float32).reshape(self.shape)
+
+
+def stored_types(path: str) -> dict:
+    """{hf_name: GGML type name, lower case ('q4_1', 'f32', 'q6_k'...)} of the file's tensors."""
+    import gguf
+    r = open_reader(path)
+    return {hf_name(n) or n: gguf.GGMLQuantizationType(q).name.lower() for n, (_, q, _) in r.tensors.items()}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -129,29 +159,43 @@ def tensor_shapes(path: str) -> dict:
     return {hf_name(n) or n: r.shape(n) for n in r.tensors if n != "rope_freqs.weight"}  # that one: config
 
 
-def iter_tensors(path: str, names, slices: dict) -> Iterator[tuple[str, np.ndarray]]:
-    """(hf_name, float32 array) for each HF name in `names`, sliced by `slices[name]`, one at a time.
+def iter_tensors(path: str, names, slices: dict, keep: dict | None = None) -> Iterator[tuple[str, object]]:
+    """(hf_name, float32 array) for each HF name in `names`, sliced by `slices[name]`, one at a time;
+    (hf_name, GGUFBlocks) for the names in `keep` ({hf_name: one of KEPT_TYPES}).
 
     Rows and block-aligned column ranges are cut from the stored bytes before dequantising, so
     a rank dequantises only its share of column- and row-parallel weights.
     """
     import gguf
     from gguf import quants
+    keep = keep or {}
     r = open_reader(path)
     by_name = {hf_name(n): n for n in r.tensors}
     for name in names:
         data, qtype = r.raw(by_name[name])  # [out, bytes_per_row] (quantized) or [out, in]
         sl = slices[name]
+        cut = False
         if data.ndim == 2:
             data, sl = data[sl[0]], (slice(None), sl[1])
             block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
             start, stop, _ = sl[1].indices(data.shape[1] // nbytes * block)
             if start % block == 0 and stop % block == 0:
                 data = data[:, start // block * nbytes:stop // block * nbytes]  # [rows, bytes of cols]
-                sl = (slice(None), slice(None))
+                sl, cut = (slice(None), slice(None)), True
+        if name in keep and keep[name] == qtype.name.lower() and cut:
+            rows = np.ascontiguousarray(data)  # [out, blocks bytes], as stored
+            yield name, GGUFBlocks(rows, keep[name], (rows.shape[0], rows.shape[1] // nbytes * block))
+            continue
         try:
             w = quants.dequantize(np.asarray(data), qtype)  # [rows, in] float32
         except NotImplementedError:
             raise ValueError(f"{path}: tensor {by_name[name]} has type {qtype.name}, which the gguf "
                              f"package cannot dequantise") from None
-        yield name, np.asarray(w[sl], dtype=np.float32)
+        w = np.asarray(w[sl], dtype=np.float32)
+        if name in keep:       # another type, or a cut across blocks: re-quantized to the kept format
+            fmt = keep[name]
+            if w.shape[1] % 32:
+                raise ValueError(f"{path}: tensor {by_name[name]} has rows of {w.shape[1]} values on this rank; "
+                                 f"{fmt} blocks need a multiple of 32: set model.weight_dtype float32")
+            w = GGUFBlocks(quants.quantize(w, gguf.GGMLQuantizationType[fmt.upper()]), fmt, w.shape)
+        yield name, w

@@ -7,6 +7,7 @@ from mindspore.common.initializer import initializer
 import numpy as np
 from mindspore import nn, ops
 
+from ms_atb.models.gguf_reader import GGUFBlocks
 from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
                                     num_kv_heads_per_rank)
 from ms_atb.ops import PagedAttention, ReshapeAndCache, RmsNorm, RotaryEmbedding, SwiGlu
@@ -149,7 +150,9 @@ class RMSNorm(nn.Cell):
 class LlamaAttention(nn.Cell):
     """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py); quantized: int8 caches."""
 
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False,
+                 formats=("float32", "float32")):
+        """formats: the weight formats of (qkv_proj, o_proj)."""
         super().__init__()
         d = config.head_dim
         self.num_heads = num_heads_per_rank(config, tp_size)
@@ -157,8 +160,8 @@ class LlamaAttention(nn.Cell):
         self.head_dim = d
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
-                                             tp_size, tp_rank, dtype, device)
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device)
+                                             tp_size, tp_rank, dtype, device, formats[0])
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device, formats[1])
         self.has_bias, self.has_qk_norm = config.attention_bias, config.qk_norm
         if self.has_bias:  # [q + 2 kv] of this rank, in qkv_proj's column order
             self.qkv_bias = ms.Parameter(initializer("zeros", (self.q_size + 2 * self.kv_size,), dtype),
@@ -196,12 +199,14 @@ class LlamaAttention(nn.Cell):
 
 
 class LlamaMLP(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, formats=("float32", "float32")):
+        """formats: the weight formats of (gate_up_proj, down_proj)."""
         super().__init__()
         self.inter = config.intermediate_size // tp_size
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (self.inter, self.inter),
-                                                 tp_size, tp_rank, dtype, device)
-        self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype, device)
+                                                 tp_size, tp_rank, dtype, device, formats[0])
+        self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype, device,
+                                           formats[1])
         self.swiglu = SwiGlu(dtype, device)
 
     def construct(self, x, rows):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
@@ -211,12 +216,14 @@ class LlamaMLP(nn.Cell):
 
 class LlamaDecoderLayer(nn.Cell):
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None,
-                 quantized=False):
+                 quantized=False, formats=("float32",) * 4):
+        """formats: the weight formats of (qkv_proj, o_proj, gate_up_proj, down_proj)."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized)
+        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized,
+                                        formats[:2])
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank)
+        self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank, formats[2:])
 
     def construct(self, h, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
@@ -233,9 +240,15 @@ class LlamaForCausalLM(nn.Cell):
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
                  device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None,
-                 cache_dtype=None):
-        """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype."""
+                 cache_dtype=None, weight_formats: dict | None = None):
+        """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype.
+        weight_formats: {HF weight name: quantized format} of the linears kept quantized (CPU, float32 only;
+        models/loader.py weight_formats), the others float; lm_head's under "lm_head.weight"."""
         super().__init__()
+        formats = weight_formats or {}
+
+        def fmt(name):
+            return formats.get(name, "float32")
         cache_dtype = dtype if cache_dtype is None else cache_dtype
         self.quantized = cache_dtype == ms.int8
         assert config.num_attention_heads % tp_size == 0, "the engine checks tensor_parallel_size (validate_tp)"
@@ -244,12 +257,14 @@ class LlamaForCausalLM(nn.Cell):
         h, v = config.hidden_size, config.vocab_size
         self.embed_tokens = ms.Parameter(initializer("zeros", (v, h), dtype),
                                          name="embed_tokens")  # [V, hidden]
-        self.layers = nn.CellList([LlamaDecoderLayer(config, dtype, device, tp_size, tp_rank, attention_backend,
-                                                     self.quantized)
-                                   for _ in range(config.num_hidden_layers)])
+        self.layers = nn.CellList([LlamaDecoderLayer(
+            config, dtype, device, tp_size, tp_rank, attention_backend, self.quantized,
+            tuple(fmt(f"model.layers.{i}.{n}.weight") for n in ("self_attn.q_proj", "self_attn.o_proj",
+                                                                  "mlp.gate_proj", "mlp.down_proj")))
+            for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
         # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
-        self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device)
+        self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device, fmt("lm_head.weight"))
         cos, sin, perm = rope_tables(config)
         self.cos = ms.Parameter(ms.Tensor(cos, dtype), name="rope_cos", requires_grad=False)  # [P, D]
         self.sin = ms.Parameter(ms.Tensor(sin, dtype), name="rope_sin", requires_grad=False)  # [P, D]
@@ -327,7 +342,8 @@ class LlamaForCausalLM(nn.Cell):
     def load_weights(self, weights) -> None:
         """Fill the Parameters from (HF name, HF-layout array already sliced for this rank) pairs, one by one.
         Linear weights [out, in] are stored transposed, [in, out]; q/k/v biases fill one [q + 2 kv]
-        Parameter; a tied embedding also fills lm_head."""
+        Parameter; a tied embedding also fills lm_head. A linear kept in a GGUF block format takes its parts as
+        GGUFBlocks (rows of blocks, stacked in output order); a GGUFBlocks for a float target is dequantised."""
         targets = self._weight_targets()
         pending = {}  # id(linear) -> (buffer [in, out], parts left)
         parts = {}
@@ -346,10 +362,27 @@ class LlamaForCausalLM(nn.Cell):
             if tuple(array.shape) != shape:
                 raise ValueError(f"tensor {name!r}: expected shape {shape}, found {tuple(array.shape)}")
             seen.add(name)
+            blocks = array if isinstance(array, GGUFBlocks) else None
+            if blocks is not None and offset is None:      # the embedding: its gather reads float32
+                array = blocks.dequantize()
+            elif blocks is not None and getattr(param, "fmt", None) != blocks.fmt:   # a float target
+                array, blocks = blocks.dequantize(), None
             if offset is None:
                 param.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
                 if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
-                    self.lm_head.set_weight(array.T)
+                    if blocks is not None and self.lm_head.fmt == blocks.fmt:
+                        self.lm_head.set_blocks(blocks.rows)
+                    else:
+                        self.lm_head.set_weight(array.T)
+                continue
+            if blocks is not None:               # rows of blocks, joined in output order when all have come
+                got, left = pending.get(id(param)) or ([], parts[id(param)])
+                got.append((offset, blocks.rows))
+                if left == 1:
+                    param.set_blocks(np.concatenate([r for _, r in sorted(got, key=lambda g: g[0])]))
+                    pending.pop(id(param), None)
+                else:
+                    pending[id(param)] = (got, left - 1)
                 continue
             if isinstance(param, ms.Parameter):  # a slice of a fused 1-D Parameter (the q/k/v bias)
                 buf, left = pending.get(id(param)) or (np.empty(param.shape, np.float32), parts[id(param)])

@@ -18,7 +18,8 @@ import mindspore as ms
 from mindspore.common.initializer import initializer
 from mindspore import nn, ops
 
-from ms_atb.ops import PackedMatMul, pack_weight, packed_shape
+from ms_atb.ops import PackedMatMul, QuantMatMul, pack_weight, packed_shape
+from ms_atb.ops import quant_matmul
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
@@ -118,25 +119,46 @@ def shard_slice(name: str, full_shape, config, tp_size: int, tp_rank: int) -> tu
 class _Linear(nn.Cell):
     """x @ W with W [in, out] kept in the layout the device multiplies fastest: on the CPU in float32,
     packed column panels [ceil(out / 16), in, 16] for our PackedMatMul kernel; elsewhere [in, out] for
-    MindSpore's MatMul. Fill it with set_weight([in, out] array)."""
+    MindSpore's MatMul. fmt (CPU, float32 activations only): a quantized format of ops/quant_matmul.py
+    ("q8_0", "q4_0", "q4_1", "int8"), W then held as its panels of blocks [P, panel_bytes] int8 for
+    QuantMatMul. Fill it with set_weight([in, out] float array; int8 quantizes it) or, for a GGUF block
+    format, set_blocks([out, bytes] GGUF rows)."""
 
-    def __init__(self, in_features: int, out_features: int, dtype, device: str):
+    def __init__(self, in_features: int, out_features: int, dtype, device: str, fmt: str = "float32"):
         super().__init__()
-        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
-        self.packed = device == "cpu" and dtype == ms.float32
-        shape = packed_shape(in_features, out_features) if self.packed else (in_features, out_features)
-        self.weight = ms.Parameter(initializer("zeros", shape, dtype), name="weight")
+        self.in_features, self.out_features, self.dtype, self.fmt = in_features, out_features, dtype, fmt
+        self.quantized = fmt != "float32"
+        assert not self.quantized or (device == "cpu" and dtype == ms.float32), "the engine checks weight_dtype"
+        self.packed = device == "cpu" and dtype == ms.float32 and not self.quantized
+        if self.quantized:
+            shape, wtype = quant_matmul.packed_shape(fmt, in_features, out_features), ms.int8
+        else:
+            shape = packed_shape(in_features, out_features) if self.packed else (in_features, out_features)
+            wtype = dtype
+        self.weight = ms.Parameter(initializer("zeros", shape, wtype), name="weight")
         self.packed_matmul = PackedMatMul(out_features) if self.packed else None
+        self.quant_matmul = QuantMatMul(fmt, out_features) if self.quantized else None
 
     def set_weight(self, w: np.ndarray) -> None:
         """w [in, out] (float32 or castable)."""
         if tuple(w.shape) != (self.in_features, self.out_features):
             raise ValueError(f"weight [in, out] must be {(self.in_features, self.out_features)}, "
                              f"found {tuple(w.shape)}")
+        if self.fmt == "int8":
+            self.weight.set_data(ms.Tensor(quant_matmul.quantize_int8(w), ms.int8))
+            return
+        if self.quantized:   # a GGUF format from floats: the loader converts before it gets here
+            raise ValueError(f"a {self.fmt} linear takes GGUF blocks (set_blocks), not float weights")
         data = pack_weight(w) if self.packed else np.ascontiguousarray(w, np.float32)
         self.weight.set_data(ms.Tensor(data, self.dtype))
 
+    def set_blocks(self, rows: np.ndarray) -> None:
+        """rows [out, in / 32 * block bytes] uint8: GGUF blocks of this linear's format, one row per output."""
+        self.weight.set_data(ms.Tensor(quant_matmul.pack_gguf(rows, self.fmt, self.in_features), ms.int8))
+
     def matmul(self, x, rows=None):  # [T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all)
+        if self.quantized:
+            return self.quant_matmul(x, self.weight, rows)
         if self.packed:
             return self.packed_matmul(x, self.weight, rows)
         return ops.matmul(x, self.weight)
@@ -147,9 +169,9 @@ class ColumnParallelLinear(_Linear):
     (out_sizes: their per-rank sizes, e.g. (q, k, v) or (gate, up)); no bias, no communication."""
 
     def __init__(self, in_features: int, out_sizes, tp_size: int = 1, tp_rank: int = 0, dtype=ms.float32,
-                 device: str = "cpu"):
+                 device: str = "cpu", fmt: str = "float32"):
         out_sizes = (out_sizes,) if isinstance(out_sizes, int) else tuple(out_sizes)
-        super().__init__(in_features, sum(out_sizes), dtype, device)
+        super().__init__(in_features, sum(out_sizes), dtype, device, fmt)
         self.out_sizes = out_sizes
 
     def construct(self, x, rows=None):  # [T, in] -> [T, out_local]
@@ -160,8 +182,8 @@ class RowParallelLinear(_Linear):
     """y = sum over ranks of x_r @ W_r, W_r [in_local, out]; AllReduce when tp_size > 1."""
 
     def __init__(self, in_features: int, out_features: int, tp_size: int = 1, tp_rank: int = 0,
-                 dtype=ms.float32, device: str = "cpu"):
-        super().__init__(in_features, out_features, dtype, device)  # in_features: per rank
+                 dtype=ms.float32, device: str = "cpu", fmt: str = "float32"):
+        super().__init__(in_features, out_features, dtype, device, fmt)  # in_features: per rank
         self.tp_size = tp_size
         group = {} if _tp_group is None else {"group": _tp_group}
         self.all_reduce = ops.AllReduce(**group) if tp_size > 1 else None

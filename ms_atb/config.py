@@ -26,6 +26,9 @@ DEVICE_BACKENDS = {"cpu": ("auto", "cpu", "ascendc"), "npu": ("auto", "ms_atb", 
 ATTENTION_BACKENDS = ("auto", "ms_atb", "mindspore", "cpu", "ascendc")
 DTYPES = ("float32", "float16", "bfloat16")
 CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8")   # auto: the model's dtype
+# auto: a GGUF's Q8_0/Q4_0/Q4_1 linears as stored, other quantized types as Q8_0, float weights in float32;
+# int8: every linear per-output-channel int8, quantized on load. Quantized weights run on the CPU only.
+WEIGHT_DTYPES = ("auto", "float32", "int8")
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}
@@ -37,6 +40,7 @@ class ModelSection:
     dtype: str = "float32"
     max_model_len: Union[int, None] = None  # None: the model's max_position_embeddings, at most 2,048
     tokenizer: Union[str, None] = None      # defaults to the model path
+    weight_dtype: str = "auto"              # see WEIGHT_DTYPES; linears only (activations stay model.dtype)
 
 
 @dataclass
@@ -156,6 +160,13 @@ class EngineConfig:
                              "pkg:<package>/<file> or random:<preset>)")
         _choice("model.dtype", m.dtype, DTYPES)
         kind, _ = parse_device(self.context.device)
+        _choice("model.weight_dtype", m.weight_dtype, WEIGHT_DTYPES)
+        if m.weight_dtype == "int8" and kind == "npu":
+            raise ValueError("model.weight_dtype 'int8' runs on the CPU only (context.device 'cpu'); on 'npu' "
+                             "use 'auto' or 'float32' (weights in model.dtype)")
+        if m.weight_dtype == "int8" and m.dtype != "float32":
+            raise ValueError(f"model.weight_dtype 'int8' multiplies float32 activations; model.dtype is "
+                             f"{m.dtype!r}: set model.dtype float32, or weight_dtype 'auto' or 'float32'")
         _choice("context.mode", self.context.mode, ("graph",))
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
         _choice("scheduler.policy", sc.policy, ("auto",) + POLICIES)

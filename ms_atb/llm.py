@@ -8,7 +8,7 @@ import time
 from typing import Iterator, Sequence as Seq, Union
 
 from ms_atb import memory_budget
-from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_size
+from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_device, parse_size
 from ms_atb.worker.distributed import init_distributed, replica_index, spmd_sampler
 from ms_atb.outputs import RequestOutput
 from ms_atb.worker.sampler import Sampler
@@ -46,7 +46,7 @@ class LLM:
         if default_policy not in POLICIES:
             raise ValueError(f"default_policy must be one of {list(POLICIES)}, got {default_policy!r}")
         self.default_policy = default_policy
-        from ms_atb.models.loader import generation_eos_ids, load_config
+        from ms_atb.models.loader import generation_eos_ids, load_config, weight_formats
         from ms_atb.models.parallel import validate_tp
         from ms_atb.worker.model_runner import kv_cache_bytes_per_block
         from ms_atb.text.tokenizer import load_tokenizer
@@ -87,6 +87,10 @@ class LLM:
                       f"{self.num_blocks} blocks ({self.num_blocks * kv.block_size} tokens)")
         else:
             self.num_blocks = kv.num_blocks
+        self.weight_formats, notes = weight_formats(cfg.model.path, self.model_config, cfg.model.weight_dtype, tp,
+                                                    parse_device(cfg.context.device)[0], cfg.model.dtype)
+        for note in notes:
+            self._log(note)
         if cfg.context.device == "cpu":
             self._check_memory()
         self.generation_eos_ids = generation_eos_ids(cfg.model.path)
@@ -115,7 +119,7 @@ class LLM:
                              f"kv_cache.memory_budget")
         half = cfg.model.dtype in ("float16", "bfloat16")     # float32 linears are packed on the CPU
         weights = memory_budget.weight_bytes(self.model_config, cfg.parallel.tensor_parallel_size,
-                                             2 if half else 4, packed=not half)
+                                             2 if half else 4, packed=not half, formats=self.weight_formats)
         memory_budget.check_fits(weights, kv, free, f"the model {cfg.model.path!r} with {self.num_blocks} KV blocks")
 
     def build(self) -> None:

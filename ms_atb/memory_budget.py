@@ -6,7 +6,9 @@ Rules:
      norms, fused q/k/v, o, fused gate/up and down, the final norm, an lm_head of its own even when the
      embeddings are tied (a transposed copy), and the RoPE tables. Projections are split over the tensor-
      parallel ranks (KV heads replicated past num_key_value_heads); the rest is replicated. On the CPU in
-     float32 the linears are stored in panels of 16 output columns (ops/matmul.py), padded.
+     float32 the linears are stored in panels of 16 output columns (ops/matmul.py), padded; a linear kept
+     quantized (`formats`, models/loader.py weight_formats) holds its panels of blocks (ops/quant_matmul.py:
+     per 32 rows of k and 16 columns, QUANT_BLOCK_BYTES; int8 adds 16 float32 scales a panel).
   2. available_bytes is the least of /proc/meminfo's MemAvailable and the headroom of every memory cgroup
      limit between the process's cgroup and the root (v2: memory.max - memory.current; v1:
      memory.limit_in_bytes - memory.usage_in_bytes), page cache that can be dropped (inactive_file) counted
@@ -19,26 +21,41 @@ import os
 
 PANEL = 16                # output columns per packed panel of a CPU float32 linear
 V1_UNLIMITED = 1 << 60    # cgroup v1 reports "no limit" as a number near 2**63
+# Bytes of a block of 32 rows x 16 columns and of a panel's header, per quantized format (ops/quant_matmul.cc);
+# tests/test_weight_dtype.py checks them against the packed weights the model holds.
+QUANT_BLOCK_BYTES = {"q8_0": 544, "q4_0": 288, "q4_1": 320, "int8": 512}
+QUANT_HEADER_BYTES = {"q8_0": 0, "q4_0": 0, "q4_1": 0, "int8": 64}
 
 
-def weight_bytes(config, tp_size: int, itemsize: int, packed: bool) -> int:
-    """Bytes of the model's parameters on one rank; config is a LlamaConfig."""
+def weight_bytes(config, tp_size: int, itemsize: int, packed: bool, formats: dict | None = None) -> int:
+    """Bytes of the model's parameters on one rank; config is a LlamaConfig; formats: {HF weight name:
+    quantized format} of the linears kept quantized (the first part of a fused linear names it)."""
     c = config
     h, d = c.hidden_size, c.head_dim
     heads = c.num_attention_heads // tp_size
     kv_heads = max(1, c.num_key_value_heads // tp_size)
     inter = c.intermediate_size // tp_size
 
-    def linear(n_in: int, n_out: int) -> int:
-        return n_in * (-(-n_out // PANEL) * PANEL if packed else n_out)
+    formats = formats or {}
 
-    layer = (2 * h                                             # input and post-attention norms
-             + linear(h, (heads + 2 * kv_heads) * d)           # q, k, v
-             + linear(heads * d, h)                            # o
-             + linear(h, 2 * inter) + linear(inter, h))        # gate, up; down
-    params = (c.vocab_size * h + c.num_hidden_layers * layer + h + linear(h, c.vocab_size)
-              + 2 * c.max_position_embeddings * d)             # embedding, layers, norm, lm_head, RoPE
-    return params * itemsize
+    def linear(n_in: int, n_out: int, name: str) -> int:      # bytes
+        fmt = formats.get(name)
+        if fmt is not None:
+            panels = -(-n_out // PANEL)
+            return panels * (QUANT_HEADER_BYTES[fmt] + -(-n_in // 32) * QUANT_BLOCK_BYTES[fmt])
+        return n_in * (-(-n_out // PANEL) * PANEL if packed else n_out) * itemsize
+
+    layers = 0
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        layers += (2 * h * itemsize                                                   # the two norms
+                   + linear(h, (heads + 2 * kv_heads) * d, p + "self_attn.q_proj.weight")  # q, k, v
+                   + linear(heads * d, h, p + "self_attn.o_proj.weight")                   # o
+                   + linear(h, 2 * inter, p + "mlp.gate_proj.weight")                      # gate, up
+                   + linear(inter, h, p + "mlp.down_proj.weight"))                         # down
+    # embedding, layers, final norm, lm_head, RoPE tables
+    return ((c.vocab_size * h + h + 2 * c.max_position_embeddings * d) * itemsize + layers
+            + linear(h, c.vocab_size, "lm_head.weight"))
 
 
 def _read(path: str) -> str | None:

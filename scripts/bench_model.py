@@ -6,6 +6,9 @@ model with those parts removed), and the fraction of the CPU's fp32 roofline; wi
 the same shapes and weights, timed afterwards in the bench venv (scripts/bench_model_hf.py), and the ratios.
     .venv/bin/python scripts/bench_model.py [--random] [--batches 1 8 32] [--ctx 256] [--prompt 512] [--hf]
                                             [--cache-dtype auto|float16|bfloat16|int8]
+                                            [--weight-dtype float32 [int8 auto]] [--rounds 3] [--no-warmup]
+With several --weight-dtype values, one runner each is built, and every figure is timed round by round, the
+runners alternating, so that all of them see the same load: each prints its range over the rounds.
 """
 import argparse
 import importlib.util
@@ -96,46 +99,70 @@ def main():
     ap.add_argument("--hf", action="store_true", help="also time HF transformers (needs .venv-bench)")
     ap.add_argument("--cache-dtype", default="auto", choices=["auto", "float16", "bfloat16", "int8"],
                     help="KV cache storage (the model computes in float32)")
+    ap.add_argument("--weight-dtype", nargs="+", default=["float32"], choices=["auto", "float32", "int8"],
+                    help="model.weight_dtype of each runner (auto: the GGUF's Q4_1 blocks as stored)")
+    ap.add_argument("--rounds", type=int, default=1, help="timing rounds (each runner once a round)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="compile only the graphs timed (each on its first, untimed, step)")
     args = ap.parse_args()
-    require_at_least(ap, args, 1, "ctx", "prompt", "repeats")
+    require_at_least(ap, args, 1, "ctx", "prompt", "repeats", "rounds")
     if min(args.batches) < 1:
         ap.error(f"--batches must all be >= 1, got {args.batches}")
     path = "random:smollm2-shape" if args.random else smollm2_path()
     block_size, max_len = 16, max(args.ctx, args.prompt) + 16
     blocks_per_seq = (max_len + block_size - 1) // block_size
     num_seqs = max(args.batches)
-    start = time.perf_counter()
-    runner = ModelRunner(EngineConfig.load(None, path=path, num_blocks=num_seqs * blocks_per_seq,
-                                           block_size=block_size, max_num_seqs=num_seqs,
-                                           max_num_batched_tokens=args.prompt, max_model_len=max_len,
-                                           cache_dtype=args.cache_dtype))
-    load_s = time.perf_counter() - start
-    c = runner.model_config
+    runners = {}
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; mindspore {ms.__version__}")
-    print(f"model: {path if args.random else os.path.basename(path)}; fp32, KV cache {args.cache_dtype}; "
-          f"load {load_s:.1f} s; "
-          f"buckets {runner.buckets}")
-    start = time.perf_counter()
-    stats = runner.warmup()
-    print(f"warmup: {stats['graphs']} graphs compiled in {stats['seconds']:.1f} s")
+    for wd in args.weight_dtype:
+        start = time.perf_counter()
+        runner = runners[wd] = ModelRunner(EngineConfig.load(
+            None, path=path, num_blocks=num_seqs * blocks_per_seq, block_size=block_size, max_num_seqs=num_seqs,
+            max_num_batched_tokens=args.prompt, max_model_len=max_len, cache_dtype=args.cache_dtype,
+            weight_dtype=wd))
+        load_s = time.perf_counter() - start
+        formats = sorted(set(runner.weight_formats.values())) or ["float32"]
+        print(f"model: {path if args.random else os.path.basename(path)}; weight_dtype {wd} (linears: "
+              f"{', '.join(formats)}), fp32 activations, KV cache {args.cache_dtype}; load {load_s:.1f} s; "
+              f"buckets {runner.buckets}")
+        if not args.no_warmup:
+            stats = runner.warmup()
+            print(f"warmup: {stats['graphs']} graphs compiled in {stats['seconds']:.1f} s")
+    c = next(iter(runners.values())).model_config
     peak = measured_peak_gflops()
-    weights = sum(p.size for p in runner.model.get_parameters()
-                  if not any(x in p.name for x in ("cache", "rope", "embed_tokens")))
     kv_per_token = kv_cache_bytes_per_block(c, block_size, "float32", 1, args.cache_dtype) // block_size
-    print(f"roofline: our GEMM kernel's best on a hot 384x1536x3072 product, {peak:.0f} GFLOP/s; a decode step "
-          f"reads {weights * 4 / 2**20:.0f} MiB of weights (lm_head included; one embedding row a token) + "
-          f"{kv_per_token / 1024:.0f} KiB of KV per context token")
+    for wd, runner in runners.items():
+        weights = sum(p.size * np.dtype(ms.dtype_to_nptype(p.dtype)).itemsize for p in runner.model.get_parameters()
+                      if not any(x in p.name for x in ("cache", "rope", "embed_tokens")))
+        print(f"weight_dtype {wd}: a decode step reads {weights / 2**20:.0f} MiB of weights (lm_head included; "
+              f"one embedding row a token) + {kv_per_token / 1024:.0f} KiB of KV per context token")
+    print(f"roofline: our GEMM kernel's best on a hot 384x1536x3072 product, {peak:.0f} GFLOP/s")
+
+    def timed(make, repeats):   # {weight dtype: [seconds per round]}, the runners alternating within a round
+        out = {wd: [] for wd in runners}
+        for _ in range(args.rounds):
+            for wd, runner in runners.items():
+                out[wd].append(time_step(runner, make(), repeats))
+        return out
+
+    def show(label, tokens, flops, times):
+        for wd, secs in times.items():
+            lo, hi = min(secs), max(secs)
+            gflops = flops / lo / 1e9
+            print(f"{label} [{wd:7s}]: {lo * 1e3:7.1f}-{hi * 1e3:7.1f} ms {tokens / hi:7.1f}-{tokens / lo:7.1f} tok/s "
+                  f"{gflops:6.1f} GFLOP/s ({gflops / peak:.0%} of {peak:.0f})")
+
     ours = {}
+    first = args.weight_dtype[0]
     for b in args.batches:
-        sec = ours[b] = time_step(runner, make_step(b, args.ctx, 1, block_size, blocks_per_seq), args.repeats)
-        gflops = b * flops_per_token(c, args.ctx) / sec / 1e9
-        print(f"decode  batch {b:3d} ctx {args.ctx}: {sec * 1e3:7.1f} ms/step {b / sec:7.1f} tok/s "
-              f"{gflops:6.1f} GFLOP/s ({gflops / peak:.0%} of {peak:.0f})")
-    sec = ours["prefill"] = time_step(runner, make_step(1, args.prompt, args.prompt, block_size, blocks_per_seq),
-                                      max(1, args.repeats // 3))
-    gflops = args.prompt * flops_per_token(c, args.prompt // 2) / sec / 1e9
-    print(f"prefill 1 x {args.prompt}: {sec * 1e3:7.1f} ms {args.prompt / sec:7.1f} tok/s "
-          f"{gflops:6.1f} GFLOP/s ({gflops / peak:.0%} of {peak:.0f})")
+        times = timed(lambda: make_step(b, args.ctx, 1, block_size, blocks_per_seq), args.repeats)
+        ours[b] = min(times[first])
+        show(f"decode  batch {b:3d} ctx {args.ctx}", b, b * flops_per_token(c, args.ctx), times)
+    times = timed(lambda: make_step(1, args.prompt, args.prompt, block_size, blocks_per_seq),
+                  max(1, args.repeats // 3))
+    ours["prefill"] = min(times[first])
+    show(f"prefill 1 x {args.prompt}", args.prompt, args.prompt * flops_per_token(c, args.prompt // 2), times)
+    runner = runners[first]
     if args.breakdown:
         breakdown(runner, args, block_size, blocks_per_seq)
     if args.hf:

@@ -1,6 +1,8 @@
 """Plain numpy references of the ops in ms_atb.ops (float64 compute)."""
 import numpy as np
 
+from ms_atb.ops import quant_matmul
+
 
 def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping):
     """key, value [T, KVH, D]; caches [NB, BS, KVH, D]; slot_mapping [T] -> updated copies of the caches."""
@@ -92,3 +94,34 @@ def reshape_and_cache_int8_ref(key, value, key_cache, value_cache, key_scales, v
 def dequantize_ref(cache, scales):
     """int8 cache [NB, BS, KVH, D] and scales [NB, BS, KVH] -> the float64 values attention reads."""
     return cache.astype(np.float64) * scales[..., None].astype(np.float64)
+
+
+# ---------------------------------------------------------------- quantized weights (ops/quant_matmul.cc)
+
+QUANT_KERNELS = {"q8_0": "QuantMatMulQ8_0", "q4_0": "QuantMatMulQ4_0", "q4_1": "QuantMatMulQ4_1",
+                 "int8": "QuantMatMulInt8"}
+
+
+def gguf_weight(fmt: str, k: int, n: int, seed: int):
+    """(GGUF rows [N, bytes] uint8, its dequantisation W [K, N] float32 by the gguf package)."""
+    import gguf
+    from gguf import quants
+    qtype = gguf.GGMLQuantizationType[fmt.upper()]
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2.0, (n, 1))).astype(np.float32)  # HF [out, in]
+    raw = quants.quantize(w, qtype)
+    return raw, quants.dequantize(raw, qtype).astype(np.float32).T
+
+
+def packed_and_reference(fmt: str, k: int, n: int, seed: int):
+    """(packed [P, panel_bytes] int8, W [K, N] float32 the kernel must multiply by)."""
+    if fmt == "int8":
+        w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
+        packed = quant_matmul.quantize_int8(w)
+        # The reference rebuilds int8's values from the rule (per column: max |w| / 127, round).
+        scale = np.abs(w).max(axis=0) / np.float32(127)
+        ref = np.round(w / np.where(scale > 0, scale, 1)).astype(np.float32) * scale
+        assert np.abs(ref - w).max() <= scale.max() / 2 + 1e-6
+        return packed, ref
+    raw, ref = gguf_weight(fmt, k, n, seed)
+    return quant_matmul.pack_gguf(raw, fmt, k), ref

@@ -1,6 +1,6 @@
 """The GEMM-shaped kernels on every instruction-set path this CPU can run, not only the one -march=native
 picks: the kernel library is rebuilt without AVX-512 (the AVX2 6 x 16 tile) and without AVX2/FMA (the
-portable tile), and PackedMatMul, PagedAttention (decode and GEMM-tiled prefill items, over float32,
+portable tile), and PackedMatMul, QuantMatMul (each weight format), PagedAttention (decode and GEMM-tiled prefill items, over float32,
 float16, bfloat16 and int8 caches, whose rows each path converts as it reads them) and ReshapeAndCache
 (conversion and int8 quantisation) are called through their C ABI with ctypes and checked against numpy."""
 import ctypes
@@ -10,7 +10,8 @@ import pytest
 
 from ms_atb.ops import build
 from ms_atb.ops.matmul import pack_weight
-from ops_reference import dequantize_ref, paged_attention_ref, reshape_and_cache_int8_ref
+from ops_reference import (QUANT_KERNELS, dequantize_ref, packed_and_reference, paged_attention_ref,
+                           reshape_and_cache_int8_ref)
 
 pytestmark = pytest.mark.slow      # each variant rebuilds the kernel library
 
@@ -31,7 +32,7 @@ def library(request, tmp_path_factory):
         pytest.skip("the CPU has no AVX2/FMA")
     path = tmp_path_factory.mktemp(request.param) / "kernels.so"
     build.compile_library(path, VARIANTS[request.param],
-                          sources=("matmul.cc", "paged_attention.cc", "reshape_and_cache.cc"))
+                          sources=("matmul.cc", "paged_attention.cc", "quant_matmul.cc", "reshape_and_cache.cc"))
     return ctypes.CDLL(str(path))
 
 
@@ -44,6 +45,17 @@ def test_packed_matmul_on_each_isa(library, m, k, n):
     packed = pack_weight(w)
     y = np.full((m, packed.shape[0] * 16), np.nan, np.float32)
     assert build.call_kernel(library.PackedMatMul, [x, packed, y]) == 0
+    np.testing.assert_allclose(y[:, :n], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", sorted(QUANT_KERNELS))
+@pytest.mark.parametrize("m,k,n", [(1, 576, 100), (13, 96, 40), (30, 64, 33)])
+def test_quant_matmul_on_each_isa(library, fmt, m, k, n):
+    """The quantized weights dequantised into each path's float tile (AVX-512: panel pairs)."""
+    packed, w = packed_and_reference(fmt, k, n, m + n)
+    x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)
+    y = np.full((m, packed.shape[0] * 16), np.nan, np.float32)
+    assert build.call_kernel(getattr(library, QUANT_KERNELS[fmt]), [x, packed, y]) == 0
     np.testing.assert_allclose(y[:, :n], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
 
 
@@ -141,3 +153,22 @@ def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache)
     assert call(fn, [q, kc, vc, tables, lens, qsl, scale, *extra, out], names) == 0
     want = paged_attention_ref(q, k_vals, v_vals, tables, lens, qsl, float(scale[0]))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_avx512_gemm_paths_compile(tmp_path):
+    """The AVX-512 tiles (PackedMatMul's panel pairs, QuantMatMul's dequantised pairs) build on any x86 CPU;
+    they run, and are checked against numpy, where the CPU has AVX-512 (the native build above)."""
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("AVX-512 is an x86 instruction set")
+    path = tmp_path / "avx512.so"
+    build.compile_library(path, ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"),
+                          sources=("matmul.cc", "quant_matmul.cc"))
+    assert build.is_complete_elf(path)
+    if "avx512f" in _cpu_flags():
+        lib = ctypes.CDLL(str(path))
+        packed, w = packed_and_reference("q4_1", 64, 40, 9)
+        x = np.random.default_rng(9).standard_normal((13, 64)).astype(np.float32)
+        y = np.full((13, 48), np.nan, np.float32)
+        assert build.call_kernel(lib.QuantMatMulQ4_1, [x, packed, y]) == 0
+        np.testing.assert_allclose(y[:, :40], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)

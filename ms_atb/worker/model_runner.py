@@ -117,11 +117,13 @@ class ModelRunner:
                                  f"({reason}); 'cpu' works with every build") from None
         backend = config.kv_cache.attention_backend
         self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
+        self.weight_formats, _ = loader.weight_formats(model_path, self.model_config, config.model.weight_dtype,
+                                                       tp_size, device, config.model.dtype)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
-                                      cache_dtype=self.cache_dtype)
+                                      cache_dtype=self.cache_dtype, weight_formats=self.weight_formats)
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
-                                                    dtype=np.float32))
+                                                    dtype=np.float32, formats=self.weight_formats))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.compiled = set()                    # token buckets whose graph is ready
         self.compile_seconds = 0.0               # spent compiling or loading them
@@ -227,6 +229,7 @@ class ModelRunner:
         from ms_atb.ops.build import kernel_library
         return {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
                 "dtype": str(self.dtype), "cache_dtype": str(self.cache_dtype), "device": ms.get_context("device_target"),
+                "weight_formats": self.weight_formats,
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
                 "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library(),

@@ -1,0 +1,130 @@
+"""QuantMatMul: x @ W on the CPU for a weight kept quantized, in the panel layout of ops/quant_matmul.cc.
+
+Formats: "q8_0", "q4_0", "q4_1" (GGUF's blocks of 32, re-laid as column panels of 16, bits unchanged)
+and "int8" (per-output-channel symmetric int8, float32 scales). A packed weight is [P, panel_bytes]
+int8 (raw bytes), P = ceil(N / 16); columns past N are zero.
+"""
+import numpy as np
+import mindspore as ms
+from mindspore import nn
+
+from ms_atb.ops import build
+
+PANEL = 16   # columns per panel
+BLOCK = 32   # rows of k per block
+FORMATS = ("q8_0", "q4_0", "q4_1", "int8")
+GGUF_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}       # a GGUF block of 32 values
+_BLOCK_BYTES = {"q8_0": 32 + 512, "q4_0": 32 + 256, "q4_1": 64 + 256, "int8": 512}   # per panel block
+_HEADER_BYTES = {"q8_0": 0, "q4_0": 0, "q4_1": 0, "int8": 64}
+_KERNELS = {"q8_0": "QuantMatMulQ8_0", "q4_0": "QuantMatMulQ4_0", "q4_1": "QuantMatMulQ4_1",
+            "int8": "QuantMatMulInt8"}
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"quantized weight format {fmt!r} not supported; allowed: {FORMATS}")
+
+
+def panel_bytes(fmt: str, in_features: int) -> int:
+    """Bytes of one panel (16 columns) of a weight with in_features rows of k."""
+    _check_format(fmt)
+    return _HEADER_BYTES[fmt] + -(-in_features // BLOCK) * _BLOCK_BYTES[fmt]
+
+
+def packed_shape(fmt: str, in_features: int, out_features: int) -> tuple[int, int]:
+    """Shape [P, panel_bytes] of a packed [K, N] weight."""
+    return (-(-out_features // PANEL), panel_bytes(fmt, in_features))
+
+
+def pack_gguf(raw: np.ndarray, fmt: str, in_features: int) -> np.ndarray:
+    """GGUF rows [N, K / 32 * block bytes] uint8 (one row per output column of W [K, N]) -> [P, panel_bytes]
+    int8. The values are the stored bits, re-ordered: nothing is re-quantized."""
+    _check_format(fmt)
+    if fmt == "int8":
+        raise ValueError("int8 weights are quantized from floats (quantize_int8), not read from GGUF")
+    if in_features % BLOCK:
+        raise ValueError(f"a {fmt} weight needs in_features a multiple of {BLOCK} (GGUF's block), "
+                         f"got {in_features}")
+    raw = np.asarray(raw, np.uint8)
+    n, nb = raw.shape[0], in_features // BLOCK
+    if raw.shape != (n, nb * GGUF_BLOCK_BYTES[fmt]):
+        raise ValueError(f"{fmt} rows must be [N, {nb * GGUF_BLOCK_BYTES[fmt]}] bytes for in_features "
+                         f"{in_features}, got {raw.shape}")
+    p = -(-n // PANEL)
+    blocks = np.zeros((p * PANEL, nb, GGUF_BLOCK_BYTES[fmt]), np.uint8)
+    blocks[:n] = raw.reshape(n, nb, -1)
+    blocks = blocks.reshape(p, PANEL, nb, -1).transpose(0, 2, 1, 3)   # [P, nb, 16 columns, GGUF block]
+    # Per field: [P, nb, 16, bytes] -> [P, nb, bytes of the field for the 16 columns], column-minor.
+    if fmt == "q8_0":
+        parts = [blocks[..., :2], blocks[..., 2:].transpose(0, 1, 3, 2)]             # d; q[32][16]
+    elif fmt == "q4_0":
+        parts = [blocks[..., :2], blocks[..., 2:].transpose(0, 1, 3, 2)]             # d; q[16][16]
+    else:
+        parts = [blocks[..., :2], blocks[..., 2:4], blocks[..., 4:].transpose(0, 1, 3, 2)]  # d; m; q[16][16]
+    out = np.concatenate([np.ascontiguousarray(x).reshape(p, nb, -1) for x in parts], axis=2)
+    return out.reshape(p, nb * _BLOCK_BYTES[fmt]).view(np.int8)
+
+
+def quantize_int8(w: np.ndarray) -> np.ndarray:
+    """[K, N] float -> [P, panel_bytes] int8: per output column, scale = max |w| / 127, q = round(w / scale)."""
+    w = np.asarray(w, np.float32)
+    k, n = w.shape
+    p, nb = -(-n // PANEL), -(-k // BLOCK)
+    full = np.zeros((nb * BLOCK, p * PANEL), np.float32)
+    full[:k, :n] = w
+    scale = np.abs(full).max(axis=0) / 127.0                      # [16 P]
+    q = np.round(full / np.where(scale > 0, scale, 1.0)).astype(np.int8)   # [nb 32, 16 P]
+    q = q.reshape(nb * BLOCK, p, PANEL).transpose(1, 0, 2).reshape(p, -1)  # [P, nb 32 16]
+    header = scale.astype(np.float32).reshape(p, PANEL).view(np.int8)      # [P, 64]
+    return np.concatenate([header, q], axis=1)
+
+
+def dequantize(packed: np.ndarray, fmt: str, in_features: int, out_features: int) -> np.ndarray:
+    """[P, panel_bytes] -> [K, N] float32, the values the kernel multiplies by."""
+    _check_format(fmt)
+    k, nb = in_features, -(-in_features // BLOCK)
+    packed = np.asarray(packed)
+    p = packed.shape[0]
+    if packed.shape != packed_shape(fmt, k, out_features):
+        raise ValueError(f"packed {fmt} weight must be {packed_shape(fmt, k, out_features)}, got {packed.shape}")
+    u = packed.view(np.uint8)
+    body = u[:, _HEADER_BYTES[fmt]:].reshape(p, nb, _BLOCK_BYTES[fmt])
+    if fmt == "int8":
+        s = u[:, :64].copy().view(np.float32)                                     # [P, 16]
+        w = body.view(np.int8).reshape(p, nb * BLOCK, PANEL).astype(np.float32) * s[:, None, :]
+    else:
+        d = body[..., :32].copy().view(np.float16).astype(np.float32)[:, :, None, :]   # [P, nb, 1, 16]
+        if fmt == "q8_0":
+            w = body[..., 32:].view(np.int8).reshape(p, nb, BLOCK, PANEL).astype(np.float32) * d
+        else:
+            q = body[..., -256:].reshape(p, nb, BLOCK // 2, PANEL)
+            nib = np.concatenate([q & 15, q >> 4], axis=2).astype(np.float32)      # [P, nb, 32, 16]
+            m = (body[..., 32:64].copy().view(np.float16).astype(np.float32)[:, :, None, :]
+                 if fmt == "q4_1" else -8.0 * d)
+            w = nib * d + m
+        w = w.reshape(p, nb * BLOCK, PANEL)
+    return w.transpose(1, 0, 2).reshape(nb * BLOCK, p * PANEL)[:k, :out_features]
+
+
+class QuantMatMul(nn.Cell):
+    """mm(x [M, K] float32, w_packed [P, panel_bytes] int8, rows=None) -> [M, out_features] on the CPU,
+    W dequantised inside the kernel's tiles (ops/quant_matmul.cc); rows as PackedMatMul's."""
+
+    def __init__(self, fmt: str, out_features: int):
+        super().__init__()
+        _check_format(fmt)
+        if out_features < 1:
+            raise ValueError(f"out_features must be >= 1, got {out_features}")
+        self.out_features = out_features
+        self.padded = -(-out_features // PANEL) * PANEL != out_features
+        self.op = build.aot_op(_KERNELS[fmt], ("x", "w_packed"), ms.float32)
+        self.op_rows = build.aot_op(_KERNELS[fmt] + "Rows", ("x", "w_packed", "rows"), ms.float32)
+
+    def construct(self, x, w_packed, rows=None):
+        if rows is None:
+            y = self.op(x, w_packed)  # [M, 16 P]
+        else:
+            y = self.op_rows(x, w_packed, rows)  # [M, 16 P], rows past `rows` zero
+        if self.padded:
+            y = y[:, :self.out_features]
+        return y

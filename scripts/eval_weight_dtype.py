@@ -1,0 +1,104 @@
+"""Quality of each model.weight_dtype against float32 weights, on SmolLM2-135M (activations in float32).
+
+The embedded GGUF stores Q4_1 blocks: `float32` multiplies their float32 dequantisation (the reference),
+`auto` the Q4_1 blocks as stored (lm_head: the tied embedding's Q8_0 blocks), `int8` per-output-channel int8
+re-quantized on load from the dequantised values. Measured as scripts/eval_kv_dtype.py does for the KV cache:
+1. perplexity on scripts/data/kv_eval_text.txt, teacher-forced through prompt log-probabilities;
+2. greedy agreement with float32 on the chat prompts of examples/demo_prompts.jsonl (--max-tokens each).
+
+    .venv/bin/python scripts/eval_weight_dtype.py [--dtypes float32,auto,int8] [--chunk 128]
+Each dtype's result is saved as it completes (out/eval_weight_dtype.<dtype>.json); --table-only tabulates them.
+"""
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import time
+
+from eval_kv_dtype import PROMPTS, ROOT, TEXT, first_difference
+
+DTYPES = ("float32", "auto", "int8")
+
+
+def measure(args, weight_dtype, ids, conversations) -> dict:
+    from ms_atb import LLM, SamplingParams
+    t0 = time.perf_counter()
+    llm = LLM(args.config, weight_dtype=weight_dtype, max_model_len=args.max_model_len,
+              max_num_batched_tokens=args.chunk, max_num_seqs=8, memory_budget=args.memory_budget)
+    built = time.perf_counter() - t0
+    scored = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
+                          use_tqdm=False)[0]
+    logps = [entry[token] for entry, token in zip(scored.prompt_logprobs[1:], ids[1:])]
+    nll = -sum(logps) / len(logps)
+    outs = llm.chat(conversations, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
+                    use_tqdm=False)
+    formats = sorted(set(llm.weight_formats.values())) or ["float32"]
+    result = {"weight_dtype": weight_dtype, "formats": formats, "nll": nll, "perplexity": math.exp(nll),
+              "scored_tokens": len(logps), "greedy": [o.token_ids for o in outs], "texts": [o.text for o in outs],
+              "seconds": time.perf_counter() - t0, "build_seconds": built}
+    del llm
+    gc.collect()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help=f"among {DTYPES}; float32 is the reference")
+    ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens: prefill tokens a step")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-model-len", type=int, default=3072)
+    ap.add_argument("--memory-budget", default="256MiB")
+    ap.add_argument("--out", default=os.path.join(ROOT, "out"), help="folder of the per-dtype results")
+    ap.add_argument("--table-only", action="store_true", help="tabulate saved results")
+    args = ap.parse_args()
+    dtypes = args.dtypes.split(",")
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        ap.error(f"--dtypes: {bad[0]!r} is not one of {DTYPES}")
+    os.makedirs(args.out, exist_ok=True)
+
+    from ms_atb.text.tokenizer import load_tokenizer
+    from ms_atb.config import EngineConfig
+    import mindspore
+    tok = load_tokenizer(EngineConfig.load(args.config).model.path)
+    with open(TEXT, encoding="utf-8") as f:
+        ids = tok.encode(f.read(), add_special_tokens=False)
+    with open(PROMPTS, encoding="utf-8") as f:
+        conversations = [json.loads(line)["messages"] for line in f if line.strip()]
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"{cpu}; Python {platform.python_version()}, MindSpore {mindspore.__version__}; activations float32")
+    print(f"text: {os.path.relpath(TEXT, ROOT)}, {len(ids)} tokens, prefill chunks of {args.chunk}; greedy: "
+          f"{len(conversations)} chat prompts x {args.max_tokens} tokens (ignore_eos)\n", flush=True)
+    for d in ([] if args.table_only else dtypes):
+        r = measure(args, d, ids, conversations)
+        r["text_tokens"], r["config"] = len(ids), vars(args)
+        with open(os.path.join(args.out, f"eval_weight_dtype.{d}.json"), "w") as f:
+            json.dump(r, f)
+        print(f"  {d} ({', '.join(r['formats'])}): perplexity {r['perplexity']:.4f} ({r['seconds']:.0f} s)",
+              flush=True)
+    results = {}
+    for d in DTYPES:
+        path = os.path.join(args.out, f"eval_weight_dtype.{d}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results[d] = json.load(f)
+    if "float32" not in results or len(results) < 2:
+        return
+    ref = results["float32"]
+    print("\n| weight_dtype | linears held as | perplexity | vs float32 | identical greedy outputs | "
+          "mean tokens before first difference |")
+    print("|---|---|---|---|---|---|")
+    for d, r in results.items():
+        same = [first_difference(a, b) for a, b in zip(r["greedy"], ref["greedy"])]
+        identical = sum(a == b for a, b in zip(r["greedy"], ref["greedy"]))
+        print(f"| {d} | {', '.join(r['formats'])} | {r['perplexity']:.4f} | "
+              f"{(r['perplexity'] / ref['perplexity'] - 1) * 100:+.3f}% | {identical} of {len(same)} | "
+              f"{sum(same) / len(same):.1f} of {args.max_tokens} |")
+    print(f"\nresults: {args.out}/eval_weight_dtype.<dtype>.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""model.weight_dtype: config validation, which linears a GGUF keeps quantized (and which it converts), a
+tiny GGUF model whose quantized-as-stored logits equal the numpy Llama's over its float32 dequantisation,
+int8 quantized on load, and the memory budget counting the bytes the model holds."""
+import mindspore as ms
+import numpy as np
+import pytest
+
+import numpy_llama as nl
+from ms_atb import memory_budget
+from ms_atb.config import EngineConfig
+from ms_atb.models import loader
+from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
+
+BS, NB, T_PAD = 4, 32, 16
+TOKENS = [3, 200, 17, 45, 99, 1, 250, 64, 8, 120, 33]
+# Stored types of layer 1's linears in the file below (layer 0: all Q4_1); q/k/v mixed: re-quantized to Q8_0.
+LAYER1 = {"self_attn.q_proj": "Q4_0", "self_attn.k_proj": "Q4_0", "self_attn.v_proj": "Q8_0",
+          "self_attn.o_proj": "Q4_0", "mlp.gate_proj": "Q8_0", "mlp.up_proj": "Q8_0", "mlp.down_proj": "Q4_1"}
+
+
+def tiny_config(**kw):
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=10000.0,
+                tie_word_embeddings=True, rope_interleaved=True, bos_token_id=1, eos_token_id=2)
+    return LlamaConfig(**{**base, **kw})
+
+
+def write_gguf(path, config, weights, types) -> dict:
+    """A GGUF file of `weights` (HF names) stored as types[name] (a GGML type name; F32 when absent);
+    returns the float32 weights it holds (the gguf package's dequantisation)."""
+    import gguf
+    from gguf import quants
+    layer_names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                   "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                   "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+                   "post_attention_layernorm": "ffn_norm"}
+    to_gguf = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    for i in range(config.num_hidden_layers):
+        to_gguf.update({f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for hf, g in layer_names.items()})
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in ((w.add_context_length, config.max_position_embeddings), (w.add_embedding_length, 64),
+                       (w.add_block_count, config.num_hidden_layers), (w.add_feed_forward_length, 128),
+                       (w.add_head_count, 4), (w.add_head_count_kv, 2), (w.add_layer_norm_rms_eps, 1e-5),
+                       (w.add_rope_freq_base, 10000.0), (w.add_rope_dimension_count, 16), (w.add_bos_token_id, 1),
+                       (w.add_eos_token_id, 2)):
+        add(value)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(config.vocab_size)])
+    held = {}
+    for name, a in weights.items():
+        if name in types:
+            qtype = gguf.GGMLQuantizationType[types[name]]
+            q = quants.quantize(a, qtype)
+            w.add_tensor(to_gguf[name], q, raw_dtype=qtype)
+            held[name] = quants.dequantize(q, qtype).astype(np.float32)
+        else:
+            w.add_tensor(to_gguf[name], a)
+            held[name] = a
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    """(path, config, float32 weights the file holds)."""
+    config = tiny_config()
+    weights = nl.random_weights(config, seed=3)
+    types = {"model.embed_tokens.weight": "Q8_0"}
+    for hf in LAYER1:
+        types[f"model.layers.0.{hf}.weight"] = "Q4_1"
+        types[f"model.layers.1.{hf}.weight"] = LAYER1[hf]
+    path = tmp_path_factory.mktemp("gguf") / "m.gguf"
+    return str(path), config, write_gguf(path, config, weights, types)
+
+
+def logits(model, tokens):
+    """One prefill of `tokens` (one sequence, padded to T_PAD) -> logits [vocab] of its last token."""
+    n = len(tokens)
+    ids, pos = np.zeros(T_PAD, np.int32), np.zeros(T_PAD, np.int32)
+    slots = np.full(T_PAD, -1, np.int32)
+    ids[:n], pos[:n], slots[:n] = tokens, np.arange(n), np.arange(n) + BS   # blocks 1.. in order
+    table = np.arange(1, NB, dtype=np.int32)[None, :8]
+    args = (ids, pos, slots, table, np.array([n], np.int32), np.array([0, n], np.int32))
+    return model(*(ms.Tensor(a) for a in args)).asnumpy()[0]
+
+
+def held_bytes(model) -> int:
+    return sum(p.size * np.dtype(ms.dtype_to_nptype(p.dtype)).itemsize for p in model.get_parameters()
+               if "cache" not in p.name)
+
+
+def test_config_validates_weight_dtype():
+    assert EngineConfig.load("random:tiny-llama").model.weight_dtype == "auto"
+    with pytest.raises(ValueError, match=r"model.weight_dtype must be one of \['auto', 'float32', 'int8'\], got 'int4'"):
+        EngineConfig.load("random:tiny-llama", weight_dtype="int4")
+    with pytest.raises(ValueError, match="runs on the CPU only"):
+        EngineConfig.load("random:tiny-llama", weight_dtype="int8", device="npu")
+    with pytest.raises(ValueError, match="set model.dtype float32"):
+        EngineConfig.load("random:tiny-llama", weight_dtype="int8", dtype="float16")
+    EngineConfig.load("random:tiny-llama", weight_dtype="auto", device="npu")    # auto: the weights in model.dtype
+
+
+def test_gguf_formats_kept_and_converted(gguf_model):
+    path, config, _ = gguf_model
+    formats, notes = loader.weight_formats(path, config, "auto")
+    assert formats["model.layers.0.self_attn.k_proj.weight"] == "q4_1"
+    assert formats["model.layers.0.mlp.down_proj.weight"] == "q4_1"
+    assert formats["model.layers.1.self_attn.q_proj.weight"] == "q8_0"          # q4_0 + q8_0: converted
+    assert formats["model.layers.1.self_attn.o_proj.weight"] == "q4_0"
+    assert formats["model.layers.1.mlp.up_proj.weight"] == "q8_0"
+    assert formats["lm_head.weight"] == "q8_0"                                  # tied: the embedding's type
+    assert "model.embed_tokens.weight" not in formats                           # the gather reads float32
+    assert any("q4_0+q8_0 converted to q8_0" in n for n in notes), notes
+    assert loader.weight_formats(path, config, "float32") == ({}, [])
+    assert loader.weight_formats(path, config, "auto", dtype="float16") == ({}, [])
+    assert loader.weight_formats("random:tiny-llama", loader.load_config("random:tiny-llama"), "auto") == ({}, [])
+    with pytest.raises(ValueError, match="weight_dtype must be one of"):
+        loader.weight_formats(path, config, "q4")
+
+
+def test_quantized_as_stored_equals_float32_dequantisation(gguf_model):
+    """Every linear but layer 1's q/k/v (converted) multiplies the stored blocks: the logits equal the numpy
+    Llama's over the file's float32 dequantisation up to float32 rounding; the converted linears move them
+    by Q8_0's rounding only. The model holds the bytes the memory budget counts."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    path, config, held = gguf_model
+    formats, _ = loader.weight_formats(path, config, "auto")
+    model = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
+    model.load_weights(loader.iter_weights(path, config, formats=formats))
+    assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8
+    got = logits(model, TOKENS)
+    # The reference multiplies layer 1's q/k/v as the model holds them: Q8_0 of the dequantised values.
+    import gguf
+    from gguf import quants
+    ref_weights = dict(held)
+    for x in "qkv":
+        name = f"model.layers.1.self_attn.{x}_proj.weight"
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        ref_weights[name] = quants.dequantize(quants.quantize(held[name], q8), q8).astype(np.float32)
+    ref = nl.forward(ref_weights, config, TOKENS)[-1]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    stored = nl.forward(held, config, TOKENS)[-1]
+    assert np.abs(got - stored).max() < 0.02 * np.abs(stored).max()
+    assert memory_budget.weight_bytes(config, 1, 4, True, formats) == held_bytes(model)
+    float_model = LlamaForCausalLM(config, NB, BS)
+    assert memory_budget.weight_bytes(config, 1, 4, True) == held_bytes(float_model)
+    assert held_bytes(model) < held_bytes(float_model) * 0.75
+
+
+def test_int8_quantized_on_load():
+    """A float checkpoint with weight_dtype int8: every linear per-output-channel int8, near the float logits."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    config = tiny_config(tie_word_embeddings=False, hidden_size=48, intermediate_size=100)  # K % 32 != 0
+    weights = nl.random_weights(config, seed=4)
+    formats, notes = loader.weight_formats("random:tiny-llama", config, "int8")
+    assert set(formats.values()) == {"int8"} and "lm_head.weight" in formats and "int8" in notes[0]
+    model = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
+    model.load_weights(weights.items())
+    assert model.lm_head.weight.dtype == ms.int8
+    got, ref = logits(model, TOKENS), nl.forward(weights, config, TOKENS)[-1]
+    assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max()
+    assert int(np.argmax(got)) == int(np.argmax(ref))
+    assert memory_budget.weight_bytes(config, 1, 4, True, formats) == held_bytes(model)
+
+
+@pytest.mark.slow
+def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
+    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (auto) against their float32 dequantisation (the
+    shared engine, configs/smollm2_135m.yaml): greedy tokens equal on at least 3 of 4 prompts x 24 tokens."""
+    import os
+    from ms_atb import LLM, SamplingParams
+    from engine_helpers import ROOT
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+               "The three primary colors are"]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in smollm2_llm.generate(prompts, params, use_tqdm=False)]
+    quant = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="auto", max_num_batched_tokens=128,
+                max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False)
+    assert set(quant.weight_formats.values()) == {"q4_1", "q8_0"}
+    got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
+    assert all(len(g) == 24 for g in got)
+    assert sum(g == r for g, r in zip(got, ref)) >= 3, (got, ref)
