@@ -33,10 +33,12 @@ def read_family(folder: str) -> tuple[dict, dict]:
 
 
 def byte_vocab(vocab_size: int) -> dict:
-    """A gpt2-style GGUF vocabulary of single bytes (GPT-2's byte alphabet) padded with unused tokens."""
+    """A gpt2-style GGUF vocabulary as scripts/make_family_fixtures.py writes it: ids 0-254 are bytes (GPT-2's
+    byte alphabet), id 255 the one merge "AB" (byte-level BPE needs a merge), then unused [PAD] tokens."""
     from ms_atb.text.gguf_vocab import byte_to_unicode
     table = byte_to_unicode()
-    tokens = [table[b] for b in range(256)][:vocab_size] + [f"[PAD{i}]" for i in range(vocab_size - 256)]
+    tokens = [table[b] for b in range(255)] + [table[65] + table[66]]
+    tokens = tokens[:vocab_size] + [f"[PAD{i}]" for i in range(vocab_size - len(tokens))]
     return dict(tokens=tokens, merges=[f"{table[65]} {table[66]}"], types=[1] * len(tokens), pre="default")
 
 
