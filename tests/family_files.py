@@ -99,7 +99,7 @@ def mindformers_name(hf: str) -> str:
 def write_mindformers_ckpt(folder: str, path: str, fused: bool = False) -> dict:
     """The fixture as a MindSpore .ckpt under MindFormers names; `fused`: q/k/v weights and biases as one
     `attention.w_qkv` tensor ([q; k; v] rows) and gate/up as `feed_forward.w_gate_hidden`, as MindFormers'
-    qkv_concat conversion up to 1.3 writes them. Returns the HF-named weights written."""
+    qkv_concat conversion up to 1.4.0-beta1 writes them. Returns the HF-named weights written."""
     import mindspore as ms
     c, weights = read_family(folder)
     stored = {mindformers_name(n): a for n, a in weights.items()}
