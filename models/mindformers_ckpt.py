@@ -13,10 +13,10 @@ MindFormers runs as LlamaForCausalLM with `qkv_has_bias: True`) and their HF equ
 plus the fused `attention.w_qkv` weight and bias ([q; k; v] rows) and `feed_forward.w_gate_hidden`
 ([gate; up] rows) of `qkv_concat: True` checkpoints, which are split. That is the fused layout MindFormers
 wrote up to 1.4.0-beta1; from 1.4.0-beta2 its conversion interleaves the rows (Megatron's order: q/k/v per
-KV head group, gate/up row by row) under the same names, which a file does not record, so such fused files are not read correctly:
-convert them without qkv_concat. Linears are [out, in] as in HF, and q/k rows are in HF's rotate-half order
-(MindFormers permutes Meta checkpoints into it), so rope_interleaved=False. Optimizer state and training
-counters in the file are ignored.
+KV head group, gate/up row by row) under the same names, which a file does not record, so such fused files
+are not read correctly: convert them without qkv_concat. Linears are [out, in] as in HF, and q/k rows are in
+HF's rotate-half order (MindFormers permutes Meta checkpoints into it), so rope_interleaved=False. Optimizer
+state and training counters in the file are ignored.
 """
 import math
 import re
