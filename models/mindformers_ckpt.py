@@ -1,17 +1,22 @@
-"""MindSpore checkpoints with MindFormers' Llama parameter names, and MindFormers YAML configs.
+"""MindSpore checkpoints with MindFormers' Llama and Qwen2 parameter names, and MindFormers YAML configs.
 
-MindFormers names (its HF -> MindSpore conversion) and their HF equivalents:
+MindFormers names (its HF -> MindSpore conversion, the same for Llama and for Qwen2 / Qwen2.5, which
+MindFormers runs as LlamaForCausalLM with `qkv_has_bias: True`) and their HF equivalents:
   model.tok_embeddings.embedding_weight        model.embed_tokens.weight
   model.layers.N.attention.wq/wk/wv/wo.weight  model.layers.N.self_attn.q/k/v/o_proj.weight
+  model.layers.N.attention.wq/wk/wv.bias       model.layers.N.self_attn.q/k/v_proj.bias (Qwen2)
   model.layers.N.feed_forward.w1/w3/w2.weight  model.layers.N.mlp.gate/up/down_proj.weight
   model.layers.N.attention_norm.weight         model.layers.N.input_layernorm.weight
   model.layers.N.ffn_norm.weight               model.layers.N.post_attention_layernorm.weight
   model.norm_out.weight                        model.norm.weight
   lm_head.weight                               lm_head.weight
-plus the fused `attention.w_qkv` ([q; k; v] rows) and `feed_forward.w_gate_hidden` ([gate; up] rows)
-of `qkv_concat: True` checkpoints, which are split. Linears are [out, in] as in HF, and q/k rows are
-in HF's rotate-half order (MindFormers permutes Meta checkpoints into it), so rope_interleaved=False.
-Optimizer state and training counters in the file are ignored.
+plus the fused `attention.w_qkv` weight and bias ([q; k; v] rows) and `feed_forward.w_gate_hidden`
+([gate; up] rows) of `qkv_concat: True` checkpoints, which are split. That is the fused layout MindFormers
+wrote up to 1.4.0-beta1; from 1.4.0-beta2 its conversion interleaves the rows (Megatron's order: q/k/v per
+KV head group, gate/up row by row) under the same names, which a file does not record, so such fused files
+are not read correctly: convert them without qkv_concat. Linears are [out, in] as in HF, and q/k rows are in
+HF's rotate-half order (MindFormers permutes Meta checkpoints into it), so rope_interleaved=False. Optimizer
+state and training counters in the file are ignored.
 """
 import math
 import re
@@ -27,7 +32,7 @@ _LAYER = {
 }
 _GLOBAL = {"model.tok_embeddings.embedding_weight": "model.embed_tokens.weight",
            "model.norm_out.weight": "model.norm.weight"}
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.([\w.]+?)\.weight$")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.([\w.]+?)\.(weight|bias)$")
 _FUSED = {"attention.w_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "feed_forward.w_gate_hidden": ("mlp.gate_proj", "mlp.up_proj")}
 _TRAINING = ("adam_m.", "adam_v.", "accu_grads.", "moments.", "global_step", "learning_rate",
@@ -36,12 +41,12 @@ _TRAINING = ("adam_m.", "adam_v.", "accu_grads.", "moments.", "global_step", "le
 
 
 def hf_name(mf_name: str) -> str | None:
-    """HF name of a (non-fused) MindFormers Llama name; None for other names."""
+    """HF name of a (non-fused) MindFormers Llama / Qwen2 name; None for other names."""
     if mf_name in _GLOBAL:
         return _GLOBAL[mf_name]
     m = _LAYER_RE.match(mf_name)
     if m and m.group(2) in _LAYER:
-        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}.weight"
+        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -57,7 +62,7 @@ def _fused_parts(name: str, config) -> list | None:
     else:
         sizes = (c.intermediate_size, c.intermediate_size)
     bounds = np.cumsum((0,) + sizes)
-    return [(f"model.layers.{m.group(1)}.{part}.weight", int(a), int(b))
+    return [(f"model.layers.{m.group(1)}.{part}.{m.group(3)}", int(a), int(b))
             for part, a, b in zip(_FUSED[m.group(2)], bounds[:-1], bounds[1:])]
 
 
@@ -74,7 +79,7 @@ def iter_ckpt(path: str, config, check_shapes, slices: dict):
         if parts is not None:
             if p.shape[0] != parts[-1][2]:
                 raise ValueError(f"{path}: tensor {name} has shape {tuple(p.shape)}, expected "
-                                 f"({parts[-1][2]}, {p.shape[-1]}) (fused rows)")
+                                 f"{(parts[-1][2],) + tuple(p.shape[1:])} (fused rows)")
             for hf, a, b in parts:
                 table[hf], shapes[hf] = (name, (a, b)), (b - a,) + tuple(p.shape[1:])
         else:
@@ -158,6 +163,7 @@ def _yaml_config(path: str, yaml) -> dict:
         max_position_embeddings=int(max(max_pos, mc.get("seq_length") or 0)),
         tie_word_embeddings=bool(mc.get("tie_word_embeddings", False)),
         rope_interleaved=False,
+        attention_bias=bool(mc.get("qkv_has_bias", False)),    # Qwen2 / Qwen2.5 as MindFormers configures them
         bos_token_id=mc.get("bos_token_id", 1),
         eos_token_id=mc.get("eos_token_id", 2),
     )
