@@ -243,7 +243,7 @@ class LlamaForCausalLM(nn.Cell):
                  cache_dtype=None, weight_formats: dict | None = None):
         """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype.
         weight_formats: {HF weight name: quantized format} of the linears kept quantized (CPU, float32 only;
-        models/loader.py weight_formats), the others float; lm_head's under "lm_head.weight"."""
+        models/weight_formats.py), the others float; lm_head's under "lm_head.weight"."""
         super().__init__()
         formats = weight_formats or {}
 

@@ -7,15 +7,14 @@ and seeded random presets.
   - a .gguf file (llama, qwen2 or qwen3 architecture; F32/F16/BF16 and every quantized type the `gguf` package
     dequantises); q/k rows stay permuted for interleaved RoPE (config.rope_interleaved=True);
   - a directory holding exactly one .gguf file (or one .ckpt, below) and no *.safetensors;
-  - a MindSpore .ckpt with MindFormers Llama names, or a directory holding exactly one, with its
+  - a MindSpore .ckpt with MindFormers names (Llama; Qwen2 biases), or a directory holding exactly one, with its
     config beside it: `<stem>.yaml` (MindFormers YAML, `model.model_config`), else config.json (HF
     keys), else the directory's only *.yaml;
   - `random:<preset>[?seed=N&<LlamaConfig field>=value...]`: seeded random weights, nothing read.
 `iter_weights` yields HF-named tensors in HF layout ([out, in] for linears), one at a time, already
 sliced for the tensor-parallel rank; every name and shape is checked against the config first.
-`weight_formats` says which linears the model keeps quantized (model.weight_dtype), from metadata only.
+models/weight_formats.py says which linears the model keeps quantized (model.weight_dtype).
 """
-import collections
 import dataclasses
 import glob
 import json
@@ -51,7 +50,7 @@ _RANDOM_LOGIT_STD = 8.0
 
 # ---------------------------------------------------------------- path kinds
 
-def _kind(path: str) -> tuple[str, str]:
+def model_kind(path: str) -> tuple[str, str]:
     """('random'|'hf'|'gguf'|'ckpt', resolved path)."""
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"model path must be a string, got {path!r}; accepted: {FORMATS}")
@@ -110,7 +109,7 @@ def _parse_scalar(key: str, value: str, kind):
 
 def load_config(path) -> LlamaConfig:
     """The model's LlamaConfig; reads metadata only, never weights."""
-    kind, path = _kind(path)
+    kind, path = model_kind(path)
     if kind == "random":
         return LlamaConfig(**_parse_random(path)[0])
     if kind == "gguf":
@@ -143,7 +142,7 @@ def _hf_config(d: dict) -> LlamaConfig:
 
 def generation_eos_ids(path) -> list[int]:
     """eos_token_id (an int or a list) of generation_config.json beside an HF model; [] without one."""
-    kind, path = _kind(path)
+    kind, path = model_kind(path)
     if kind != "hf":
         return []
     file = os.path.join(path, "generation_config.json")
@@ -218,72 +217,12 @@ def check_shapes(found: dict, config: LlamaConfig, source: str, optional=("lm_he
                          f"a checkpoint of this config holds only {len(want)} tensors")
 
 
-def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:
-    """(linear, its HF weight names, the tensor it is read from) for every linear of the model, fused
-    projections together (one format each); a tied lm_head is read from the embedding."""
-    groups = []
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        groups += [(p + "self_attn.qkv_proj", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
-                   (p + "self_attn.o_proj", (p + "self_attn.o_proj.weight",)),
-                   (p + "mlp.gate_up_proj", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
-                   (p + "mlp.down_proj", (p + "mlp.down_proj.weight",))]
-    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    return [(name, parts, parts) for name, parts in groups] + [("lm_head", ("lm_head.weight",), (head,))]
-
-
-def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1, device: str = "cpu",
-                   dtype: str = "float32") -> tuple[dict, list[str]]:
-    """({HF weight name: quantized format} of the linears kept quantized, log lines saying what was chosen).
-
-    weight_dtype (model.weight_dtype): "float32": none; "int8": every linear (lm_head too) per-output-channel
-    int8; "auto": a GGUF's linears as stored when all their parts are Q8_0, Q4_0 or Q4_1 of one type, as Q8_0
-    when they are of other quantized types or mixed (re-quantized on load from the dequantised values), float32
-    when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU and float32
-    activations; elsewhere none is kept. A tied lm_head's format is the embedding's (the gather reads a float32
-    copy of the embedding)."""
-    if weight_dtype not in ("auto", "float32", "int8"):
-        raise ValueError(f"weight_dtype must be one of ['auto', 'float32', 'int8'], got {weight_dtype!r}")
-    if weight_dtype == "float32" or device != "cpu" or dtype != "float32":
-        return {}, []
-    groups = linear_groups(config)
-    if weight_dtype == "int8":
-        return ({n: "int8" for _, parts, _ in groups for n in parts},
-                [f"weights: {len(groups)} linears int8 (per output channel, quantized on load); the embedding "
-                 f"float32"])
-    kind, path = _kind(path)
-    if kind != "gguf":
-        return {}, []
-    types = gguf_reader.stored_types(path)
-    formats, kept, notes = {}, collections.Counter(), []
-    converted = collections.Counter()
-    shapes = expected_shapes(config)
-    for name, parts, sources in groups:
-        src = sorted({types[s] for s in sources})
-        row_parallel = name.endswith(("o_proj", "down_proj")) and tp_size > 1
-        k = shapes[sources[0]][1] // (tp_size if row_parallel else 1)
-        if any(t in gguf_reader.FLOAT_TYPES for t in src) or k % 32:
-            kept["float32"] += 1
-            continue
-        fmt = src[0] if len(src) == 1 and src[0] in gguf_reader.KEPT_TYPES else "q8_0"
-        if src != [fmt]:
-            converted["+".join(src)] += 1
-        kept[fmt] += 1
-        formats.update({n: fmt for n in parts})
-    notes.append("weights: " + ", ".join(f"{n} linears {fmt}" for fmt, n in sorted(kept.items()))
-                 + " (lm_head included; quantized ones multiplied as stored)")
-    for src, n in sorted(converted.items()):
-        notes.append(f"weights: {n} linears stored as {src} converted to q8_0 on load (the nearest kept format "
-                     f"at least as precise)")
-    return formats, notes
-
-
 def iter_weights(path, config: LlamaConfig, tp_size: int = 1, tp_rank: int = 0,
                  dtype=np.float32, formats: dict | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """(hf_name, array) for every weight the model needs, HF layout, sliced for tp_rank, one at a time.
-    formats: weight_formats' map; the GGUF weights it keeps in a GGUF block format come as
+    formats: models/weight_formats.py's map; the GGUF weights it keeps in a GGUF block format come as
     gguf_reader.GGUFBlocks (a tied lm_head's too: the embedding then comes as blocks)."""
-    kind, path = _kind(path)
+    kind, path = model_kind(path)
     try:
         dtype = np.dtype(dtype)
     except TypeError:

@@ -7,7 +7,7 @@ Rules:
      embeddings are tied (a transposed copy), and the RoPE tables. Projections are split over the tensor-
      parallel ranks (KV heads replicated past num_key_value_heads); the rest is replicated. On the CPU in
      float32 the linears are stored in panels of 16 output columns (ops/matmul.py), padded; a linear kept
-     quantized (`formats`, models/loader.py weight_formats) holds its panels of blocks (ops/quant_matmul.py:
+     quantized (`formats`, models/weight_formats.py) holds its panels of blocks (ops/quant_matmul.py:
      per 32 rows of k and 16 columns, QUANT_BLOCK_BYTES; int8 adds 16 float32 scales a panel).
   2. available_bytes is the least of /proc/meminfo's MemAvailable and the headroom of every memory cgroup
      limit between the process's cgroup and the root (v2: memory.max - memory.current; v1:

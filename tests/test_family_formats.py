@@ -112,6 +112,8 @@ def test_qwen2_mindformers_ckpt_gives_hf_tokens(tmp_path):
     llm = LLM(str(tmp_path), **SETTINGS)       # the directory holding the one .ckpt and its YAML
     assert llm.stop_token_ids == {2}
     _check_reference_tokens(llm, "qwen2")
+    by_file = LLM.prepare(path, **SETTINGS)    # the .ckpt file itself: no tokenizer files beside it
+    assert by_file.tokenizer is None and by_file.model_config.attention_bias
 
 
 def test_mindformers_biases_without_qkv_has_bias_are_refused(tmp_path):

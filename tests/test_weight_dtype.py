@@ -10,6 +10,7 @@ from ms_atb import memory_budget
 from ms_atb.config import EngineConfig
 from ms_atb.models import loader
 from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
+from ms_atb.models.weight_formats import weight_formats
 
 BS, NB, T_PAD = 4, 32, 16
 TOKENS = [3, 200, 17, 45, 99, 1, 250, 64, 8, 120, 33]
@@ -105,7 +106,7 @@ def test_config_validates_weight_dtype():
 
 def test_gguf_formats_kept_and_converted(gguf_model):
     path, config, _ = gguf_model
-    formats, notes = loader.weight_formats(path, config, "auto")
+    formats, notes = weight_formats(path, config, "auto")
     assert formats["model.layers.0.self_attn.k_proj.weight"] == "q4_1"
     assert formats["model.layers.0.mlp.down_proj.weight"] == "q4_1"
     assert formats["model.layers.1.self_attn.q_proj.weight"] == "q8_0"          # q4_0 + q8_0: converted
@@ -114,11 +115,11 @@ def test_gguf_formats_kept_and_converted(gguf_model):
     assert formats["lm_head.weight"] == "q8_0"                                  # tied: the embedding's type
     assert "model.embed_tokens.weight" not in formats                           # the gather reads float32
     assert any("q4_0+q8_0 converted to q8_0" in n for n in notes), notes
-    assert loader.weight_formats(path, config, "float32") == ({}, [])
-    assert loader.weight_formats(path, config, "auto", dtype="float16") == ({}, [])
-    assert loader.weight_formats("random:tiny-llama", loader.load_config("random:tiny-llama"), "auto") == ({}, [])
+    assert weight_formats(path, config, "float32") == ({}, [])
+    assert weight_formats(path, config, "auto", dtype="float16") == ({}, [])
+    assert weight_formats("random:tiny-llama", loader.load_config("random:tiny-llama"), "auto") == ({}, [])
     with pytest.raises(ValueError, match="weight_dtype must be one of"):
-        loader.weight_formats(path, config, "q4")
+        weight_formats(path, config, "q4")
 
 
 def test_quantized_as_stored_equals_float32_dequantisation(gguf_model):
@@ -127,7 +128,7 @@ def test_quantized_as_stored_equals_float32_dequantisation(gguf_model):
     by Q8_0's rounding only. The model holds the bytes the memory budget counts."""
     ms.set_context(mode=ms.GRAPH_MODE)
     path, config, held = gguf_model
-    formats, _ = loader.weight_formats(path, config, "auto")
+    formats, _ = weight_formats(path, config, "auto")
     model = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
     model.load_weights(loader.iter_weights(path, config, formats=formats))
     assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8
@@ -155,7 +156,7 @@ def test_int8_quantized_on_load():
     ms.set_context(mode=ms.GRAPH_MODE)
     config = tiny_config(tie_word_embeddings=False, hidden_size=48, intermediate_size=100)  # K % 32 != 0
     weights = nl.random_weights(config, seed=4)
-    formats, notes = loader.weight_formats("random:tiny-llama", config, "int8")
+    formats, notes = weight_formats("random:tiny-llama", config, "int8")
     assert set(formats.values()) == {"int8"} and "lm_head.weight" in formats and "int8" in notes[0]
     model = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
     model.load_weights(weights.items())
@@ -168,8 +169,8 @@ def test_int8_quantized_on_load():
 
 @pytest.mark.slow
 def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
-    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (auto) against their float32 dequantisation (the
-    shared engine, configs/smollm2_135m.yaml): greedy tokens equal on at least 3 of 4 prompts x 24 tokens."""
+    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (the shared engine: configs/smollm2_135m.yaml, auto)
+    against their float32 dequantisation: greedy tokens equal on at least 3 of 4 prompts x 24 tokens."""
     import os
     from ms_atb import LLM, SamplingParams
     from engine_helpers import ROOT
@@ -177,9 +178,10 @@ def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
                "The three primary colors are"]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     ref = [o.outputs[0].token_ids for o in smollm2_llm.generate(prompts, params, use_tqdm=False)]
-    quant = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="auto", max_num_batched_tokens=128,
+    assert set(smollm2_llm.weight_formats.values()) == {"q4_1", "q8_0"}
+    dense = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="float32", max_num_batched_tokens=128,
                 max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False)
-    assert set(quant.weight_formats.values()) == {"q4_1", "q8_0"}
-    got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
+    assert dense.weight_formats == {}
+    got = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
     assert all(len(g) == 24 for g in got)
     assert sum(g == r for g, r in zip(got, ref)) >= 3, (got, ref)

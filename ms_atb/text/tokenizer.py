@@ -144,8 +144,8 @@ class ByteTokenizer(Tokenizer):
 
 
 def load_tokenizer(path: str, vocab_size: int | None = None) -> Tokenizer | None:
-    """A tokenizer for a model path: HF directory, .gguf file, or `random:` (bytes; vocab_size from the model).
-    None for a directory without tokenizer files."""
+    """A tokenizer for a model path: HF directory, .gguf file, another file (a MindSpore .ckpt: the tokenizer files
+    in its directory) or `random:` (bytes; vocab_size from the model). None when there are no tokenizer files."""
     path = str(path)
     if path.startswith("random:"):
         if vocab_size is None:
@@ -158,6 +158,7 @@ def load_tokenizer(path: str, vocab_size: int | None = None) -> Tokenizer | None
         with open(path, "rb") as f:
             if f.read(4) == b"GGUF":
                 return _load_gguf(path)
+        return _load_hf_dir(os.path.dirname(os.path.abspath(path)))     # a .ckpt: the tokenizer files beside it
     raise ValueError(f"no tokenizer for {path!r}: expected an HF directory, a .gguf file or random:<preset>")
 
 

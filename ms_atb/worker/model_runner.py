@@ -21,6 +21,7 @@ from ms_atb.config import parse_device
 from ms_atb.models import loader
 from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.models.parallel import num_kv_heads_per_rank
+from ms_atb.models.weight_formats import weight_formats
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
            "bfloat16": ms.bfloat16, "bf16": ms.bfloat16}
@@ -117,8 +118,8 @@ class ModelRunner:
                                  f"({reason}); 'cpu' works with every build") from None
         backend = config.kv_cache.attention_backend
         self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
-        self.weight_formats, _ = loader.weight_formats(model_path, self.model_config, config.model.weight_dtype,
-                                                       tp_size, device, config.model.dtype)
+        self.weight_formats, _ = weight_formats(model_path, self.model_config, config.model.weight_dtype,
+                                                tp_size, device, config.model.dtype)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats)

@@ -1,0 +1,69 @@
+"""Which linears the model keeps quantized (model.weight_dtype), decided from the checkpoint's metadata
+before any weight is read; models/loader.py then reads those linears' blocks as stored."""
+from __future__ import annotations
+
+import collections
+
+from ms_atb.models import gguf_reader
+from ms_atb.models.llama import LlamaConfig
+from ms_atb.models.loader import expected_shapes, model_kind
+
+
+def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:
+    """(linear, its HF weight names, the tensor it is read from) for every linear of the model, fused
+    projections together (one format each); a tied lm_head is read from the embedding."""
+    groups = []
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        groups += [(p + "self_attn.qkv_proj", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+                   (p + "self_attn.o_proj", (p + "self_attn.o_proj.weight",)),
+                   (p + "mlp.gate_up_proj", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                   (p + "mlp.down_proj", (p + "mlp.down_proj.weight",))]
+    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    return [(name, parts, parts) for name, parts in groups] + [("lm_head", ("lm_head.weight",), (head,))]
+
+
+def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1, device: str = "cpu",
+                   dtype: str = "float32") -> tuple[dict, list[str]]:
+    """({HF weight name: quantized format} of the linears kept quantized, log lines saying what was chosen).
+
+    weight_dtype (model.weight_dtype): "float32": none; "int8": every linear (lm_head too) per-output-channel
+    int8; "auto": a GGUF's linears as stored when all their parts are Q8_0, Q4_0 or Q4_1 of one type, as Q8_0
+    when they are of other quantized types or mixed (re-quantized on load from the dequantised values), float32
+    when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU and float32
+    activations; elsewhere none is kept. A tied lm_head's format is the embedding's (the gather reads a float32
+    copy of the embedding)."""
+    if weight_dtype not in ("auto", "float32", "int8"):
+        raise ValueError(f"weight_dtype must be one of ['auto', 'float32', 'int8'], got {weight_dtype!r}")
+    if weight_dtype == "float32" or device != "cpu" or dtype != "float32":
+        return {}, []
+    groups = linear_groups(config)
+    if weight_dtype == "int8":
+        return ({n: "int8" for _, parts, _ in groups for n in parts},
+                [f"weights: {len(groups)} linears int8 (per output channel, quantized on load); the embedding "
+                 f"float32"])
+    kind, path = model_kind(path)
+    if kind != "gguf":
+        return {}, []
+    types = gguf_reader.stored_types(path)
+    formats, kept, notes = {}, collections.Counter(), []
+    converted = collections.Counter()
+    shapes = expected_shapes(config)
+    for name, parts, sources in groups:
+        src = sorted({types[s] for s in sources})
+        row_parallel = name.endswith(("o_proj", "down_proj")) and tp_size > 1
+        k = shapes[sources[0]][1] // (tp_size if row_parallel else 1)
+        if any(t in gguf_reader.FLOAT_TYPES for t in src) or k % 32:
+            kept["float32"] += 1
+            continue
+        fmt = src[0] if len(src) == 1 and src[0] in gguf_reader.KEPT_TYPES else "q8_0"
+        if src != [fmt]:
+            converted["+".join(src)] += 1
+        kept[fmt] += 1
+        formats.update({n: fmt for n in parts})
+    notes.append("weights: " + ", ".join(f"{n} linears {fmt}" for fmt, n in sorted(kept.items()))
+                 + " (lm_head included; quantized ones multiplied as stored)")
+    for src, n in sorted(converted.items()):
+        notes.append(f"weights: {n} linears stored as {src} converted to q8_0 on load (the nearest kept format "
+                     f"at least as precise)")
+    return formats, notes
