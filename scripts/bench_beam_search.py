@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     args = ap.parse_args()
     from ms_atb import LLM, BeamSearchParams, SamplingParams
-    llm = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
+    llm = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), precompile=True)   # graphs before the clock
     tok = llm.get_tokenizer()
     ids = [tok.encode(llm.apply_chat_template([{"role": "user", "content": q}]), add_special_tokens=False)
            for q in QUESTIONS]

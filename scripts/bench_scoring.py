@@ -60,7 +60,7 @@ def main() -> None:
     if args.hf_worker:
         return hf_worker(*args.hf_worker)
     from ms_atb import LLM, SamplingParams
-    llm = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
+    llm = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), precompile=True)   # graphs before the clock
     tok = llm.get_tokenizer()
     prompts = []
     for text in TEXTS:

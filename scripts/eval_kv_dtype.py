@@ -25,6 +25,24 @@ TEXT = os.path.join(ROOT, "scripts", "data", "kv_eval_text.txt")
 PROMPTS = os.path.join(ROOT, "examples", "demo_prompts.jsonl")
 
 
+def eval_inputs(config: str) -> tuple[list[int], list]:
+    """The scored text's token ids (the config's tokenizer) and the demo chat conversations."""
+    from ms_atb.text.tokenizer import load_tokenizer
+    from ms_atb.config import EngineConfig
+    tok = load_tokenizer(EngineConfig.load(config).model.path)
+    with open(TEXT, encoding="utf-8") as f:
+        ids = tok.encode(f.read(), add_special_tokens=False)
+    with open(PROMPTS, encoding="utf-8") as f:
+        conversations = [json.loads(line)["messages"] for line in f if line.strip()]
+    return ids, conversations
+
+
+def host_line() -> str:
+    import mindspore
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    return f"{cpu}; Python {platform.python_version()}, MindSpore {mindspore.__version__}"
+
+
 def first_difference(a, b) -> int:
     """Tokens before the first position where a and b differ (len of the shorter when one is a prefix)."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -70,16 +88,8 @@ def main() -> None:
     dtypes = args.dtypes.split(",")
     os.makedirs(args.out, exist_ok=True)
 
-    from ms_atb.text.tokenizer import load_tokenizer
-    from ms_atb.config import EngineConfig
-    import mindspore
-    tok = load_tokenizer(EngineConfig.load(args.config).model.path)
-    with open(TEXT, encoding="utf-8") as f:
-        ids = tok.encode(f.read(), add_special_tokens=False)
-    with open(PROMPTS, encoding="utf-8") as f:
-        conversations = [json.loads(line)["messages"] for line in f if line.strip()]
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"{cpu}; Python {platform.python_version()}, MindSpore {mindspore.__version__}; model computes in float32")
+    ids, conversations = eval_inputs(args.config)
+    print(f"{host_line()}; model computes in float32")
     print(f"text: {os.path.relpath(TEXT, ROOT)}, {len(ids)} tokens, prefill chunks of {args.chunk} "
           f"({math.ceil(len(ids) / args.chunk)} steps); greedy: {len(conversations)} chat prompts x "
           f"{args.max_tokens} tokens (ignore_eos)\n", flush=True)

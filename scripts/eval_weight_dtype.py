@@ -14,10 +14,9 @@ import gc
 import json
 import math
 import os
-import platform
 import time
 
-from eval_kv_dtype import PROMPTS, ROOT, TEXT, first_difference
+from eval_kv_dtype import ROOT, TEXT, eval_inputs, first_difference, host_line
 
 DTYPES = ("float32", "auto", "int8")
 
@@ -60,16 +59,8 @@ def main() -> None:
         ap.error(f"--dtypes: {bad[0]!r} is not one of {DTYPES}")
     os.makedirs(args.out, exist_ok=True)
 
-    from ms_atb.text.tokenizer import load_tokenizer
-    from ms_atb.config import EngineConfig
-    import mindspore
-    tok = load_tokenizer(EngineConfig.load(args.config).model.path)
-    with open(TEXT, encoding="utf-8") as f:
-        ids = tok.encode(f.read(), add_special_tokens=False)
-    with open(PROMPTS, encoding="utf-8") as f:
-        conversations = [json.loads(line)["messages"] for line in f if line.strip()]
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"{cpu}; Python {platform.python_version()}, MindSpore {mindspore.__version__}; activations float32")
+    ids, conversations = eval_inputs(args.config)
+    print(f"{host_line()}; activations float32")
     print(f"text: {os.path.relpath(TEXT, ROOT)}, {len(ids)} tokens, prefill chunks of {args.chunk}; greedy: "
           f"{len(conversations)} chat prompts x {args.max_tokens} tokens (ignore_eos)\n", flush=True)
     for d in ([] if args.table_only else dtypes):
