@@ -51,11 +51,14 @@ def first_difference(a, b) -> int:
     return min(len(a), len(b))
 
 
-def measure(args, cache_dtype, ids, conversations) -> dict:
+def measure(args, ids, conversations, **engine) -> dict:
+    """Perplexity of `ids` (teacher-forced through prompt_logprobs, prefill in chunks of args.chunk) and the greedy
+    answers to `conversations`, on an engine built with `engine` (cache_dtype=..., weight_dtype=...); `llm` in
+    the result is the engine, for the caller's own fields."""
     from ms_atb import LLM, SamplingParams
     t0 = time.perf_counter()
-    llm = LLM(args.config, cache_dtype=cache_dtype, max_model_len=args.max_model_len,
-              max_num_batched_tokens=args.chunk, max_num_seqs=8, memory_budget=args.memory_budget)
+    llm = LLM(args.config, max_model_len=args.max_model_len, max_num_batched_tokens=args.chunk, max_num_seqs=8,
+              memory_budget=args.memory_budget, **engine)
     built = time.perf_counter() - t0
     scored = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
                           use_tqdm=False)[0]
@@ -63,13 +66,16 @@ def measure(args, cache_dtype, ids, conversations) -> dict:
     nll = -sum(logps) / len(logps)
     outs = llm.chat(conversations, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
                     use_tqdm=False)
-    stats = llm.stats()
-    result = {"cache_dtype": stats["cache_dtype"], "bytes_per_block": stats["bytes_per_block"],
-              "num_blocks": stats["num_blocks"], "nll": nll, "perplexity": math.exp(nll),
-              "scored_tokens": len(logps), "chunks": math.ceil(len(ids) / args.chunk),
-              "greedy": [o.token_ids for o in outs], "texts": [o.text for o in outs],
-              "seconds": time.perf_counter() - t0, "build_seconds": built}
-    del llm
+    return {"llm": llm, "nll": nll, "perplexity": math.exp(nll), "scored_tokens": len(logps),
+            "chunks": math.ceil(len(ids) / args.chunk), "greedy": [o.token_ids for o in outs],
+            "texts": [o.text for o in outs], "seconds": time.perf_counter() - t0, "build_seconds": built}
+
+
+def measure_cache_dtype(args, cache_dtype, ids, conversations) -> dict:
+    result = measure(args, ids, conversations, cache_dtype=cache_dtype)
+    stats = result.pop("llm").stats()
+    result.update(cache_dtype=stats["cache_dtype"], bytes_per_block=stats["bytes_per_block"],
+                  num_blocks=stats["num_blocks"])
     gc.collect()
     return result
 
@@ -94,7 +100,7 @@ def main() -> None:
           f"({math.ceil(len(ids) / args.chunk)} steps); greedy: {len(conversations)} chat prompts x "
           f"{args.max_tokens} tokens (ignore_eos)\n", flush=True)
     for d in ([] if args.table_only else dtypes):
-        r = measure(args, d, ids, conversations)
+        r = measure_cache_dtype(args, d, ids, conversations)
         r["text_tokens"], r["config"] = len(ids), vars(args)
         with open(os.path.join(args.out, f"eval_kv_dtype.{d}.json"), "w") as f:
             json.dump(r, f)

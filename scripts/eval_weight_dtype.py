@@ -12,31 +12,17 @@ Each dtype's result is saved as it completes (out/eval_weight_dtype.<dtype>.json
 import argparse
 import gc
 import json
-import math
 import os
-import time
 
-from eval_kv_dtype import ROOT, TEXT, eval_inputs, first_difference, host_line
+from eval_kv_dtype import ROOT, TEXT, eval_inputs, first_difference, host_line, measure
 
 DTYPES = ("float32", "auto", "int8")
 
 
-def measure(args, weight_dtype, ids, conversations) -> dict:
-    from ms_atb import LLM, SamplingParams
-    t0 = time.perf_counter()
-    llm = LLM(args.config, weight_dtype=weight_dtype, max_model_len=args.max_model_len,
-              max_num_batched_tokens=args.chunk, max_num_seqs=8, memory_budget=args.memory_budget)
-    built = time.perf_counter() - t0
-    scored = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
-                          use_tqdm=False)[0]
-    logps = [entry[token] for entry, token in zip(scored.prompt_logprobs[1:], ids[1:])]
-    nll = -sum(logps) / len(logps)
-    outs = llm.chat(conversations, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
-                    use_tqdm=False)
-    formats = sorted(set(llm.weight_formats.values())) or ["float32"]
-    result = {"weight_dtype": weight_dtype, "formats": formats, "nll": nll, "perplexity": math.exp(nll),
-              "scored_tokens": len(logps), "greedy": [o.token_ids for o in outs], "texts": [o.text for o in outs],
-              "seconds": time.perf_counter() - t0, "build_seconds": built}
+def measure_weight_dtype(args, weight_dtype, ids, conversations) -> dict:
+    result = measure(args, ids, conversations, weight_dtype=weight_dtype)
+    llm = result.pop("llm")
+    result.update(weight_dtype=weight_dtype, formats=sorted(set(llm.weight_formats.values())) or ["float32"])
     del llm
     gc.collect()
     return result
@@ -64,7 +50,7 @@ def main() -> None:
     print(f"text: {os.path.relpath(TEXT, ROOT)}, {len(ids)} tokens, prefill chunks of {args.chunk}; greedy: "
           f"{len(conversations)} chat prompts x {args.max_tokens} tokens (ignore_eos)\n", flush=True)
     for d in ([] if args.table_only else dtypes):
-        r = measure(args, d, ids, conversations)
+        r = measure_weight_dtype(args, d, ids, conversations)
         r["text_tokens"], r["config"] = len(ids), vars(args)
         with open(os.path.join(args.out, f"eval_weight_dtype.{d}.json"), "w") as f:
             json.dump(r, f)
