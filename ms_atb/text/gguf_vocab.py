@@ -105,14 +105,11 @@ def _byte_level_pre_tokenizer(pre: str):
 
 def byte_level_token_bytes(tokens: list[str]) -> list[bytes]:
     """Bytes of each byte-level token; a token spelled outside the byte alphabet is taken as UTF-8 text."""
-    inverse = {c: b for b, c in byte_to_unicode().items()}
-    out = []
-    for tok in tokens:
-        if all(c in inverse for c in tok):
-            out.append(bytes(inverse[c] for c in tok))
-        else:
-            out.append(tok.encode("utf-8"))
-    return out
+    spelling = byte_to_unicode()
+    alphabet = frozenset(spelling.values())
+    to_latin1 = {ord(c): b for b, c in spelling.items()}     # str.translate: each letter -> its byte as a char
+    return [tok.translate(to_latin1).encode("latin-1") if alphabet.issuperset(tok) else tok.encode("utf-8")
+            for tok in tokens]
 
 
 def spm_token_bytes(tokens: list[str], byte_ids: set[int]) -> list[bytes]:
@@ -146,9 +143,9 @@ def build_byte_level(vocab: GGUFVocab) -> tuple[HFTokenizer, list[bytes], set[in
     if vocab.merges is None:
         raise ValueError("GGUF gpt2 tokenizer without tokenizer.ggml.merges is not supported")
     token_bytes = byte_level_token_bytes(vocab.tokens)
-    spelling = byte_to_unicode()
+    from_latin1 = {b: c for b, c in byte_to_unicode().items()}   # str.translate: byte as a char -> its letter
     # Tokens stored outside the byte alphabet are re-spelled so that merges can reach them.
-    spelled = ["".join(spelling[b] for b in tb) for tb in token_bytes]
+    spelled = [tb.decode("latin-1").translate(from_latin1) for tb in token_bytes]
     ids = {tok: i for i, tok in enumerate(spelled)}
     merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
     bpe = models.BPE(ids, merges, fuse_unk=False, ignore_merges=vocab.pre == "llama-bpe")
