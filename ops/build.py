@@ -144,8 +144,20 @@ def aot_op(func_name: str, input_names: tuple, out_dtype):
     """A mindspore.ops.Custom aot op on the CPU for kernel `func_name` of the library.
 
     Declared with reg_info and a C++ shape inference (`<func_name>InferShape`), the form under
-    which MindSpore accepts it in graphs with dynamic shapes as well as static ones.
+    which MindSpore accepts it in graphs with dynamic shapes as well as static ones. One primitive per
+    (kernel, inputs, dtype) and library serves every Cell that asks: a primitive holds no per-call
+    state, and a model has hundreds of calls of a dozen kernels (about 2 ms of CPU to create each).
     """
+    key = (kernel_library(), func_name, tuple(input_names), out_dtype)
+    if key not in _AOT_OPS:
+        _AOT_OPS[key] = _new_aot_op(func_name, input_names, out_dtype)
+    return _AOT_OPS[key]
+
+
+_AOT_OPS: dict = {}
+
+
+def _new_aot_op(func_name: str, input_names: tuple, out_dtype):
     from mindspore import ops
     from mindspore.ops import CustomRegOp, DataType
 
