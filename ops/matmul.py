@@ -31,24 +31,20 @@ def unpack_weight(packed: np.ndarray, out_features: int) -> np.ndarray:
     return packed.transpose(1, 0, 2).reshape(k, p * PANEL)[:, :out_features]
 
 
-class PackedMatMul(nn.Cell):
-    """mm(x [M, K] float32, w_packed [P, K, 16] float32, rows=None) -> [M, out_features] on the CPU.
+class PanelMatMul(nn.Cell):
+    """mm(x [M, K] float32, w [P, ...], rows=None) -> [M, out_features] through a kernel whose output has the
+    16 P columns of the weight's panels; columns past out_features (the last panel's padding) are cut off.
     rows (int32 [1], optional): only x's first `rows` rows are multiplied, the others give zero rows (a
-    static-shape graph padded to its bucket passes its real token count).
+    static-shape graph padded to its bucket passes its real token count). A subclass names the kernel."""
 
-    Faster than MindSpore's CPU MatMul on the shapes of LLM inference (small M: decode batches):
-    register tiles (AVX2: 6 rows x 16 columns; AVX-512: 12 rows x a pair of 16-column panels) over
-    unit-stride panels, split over the kernels' thread pool.
-    """
-
-    def __init__(self, out_features: int):
+    def __init__(self, kernel: str, out_features: int):
         super().__init__()
         if out_features < 1:
             raise ValueError(f"out_features must be >= 1, got {out_features}")
         self.out_features = out_features
         self.padded = -(-out_features // PANEL) * PANEL != out_features
-        self.op = build.aot_op("PackedMatMul", ("x", "w_packed"), ms.float32)
-        self.op_rows = build.aot_op("PackedMatMulRows", ("x", "w_packed", "rows"), ms.float32)
+        self.op = build.aot_op(kernel, ("x", "w_packed"), ms.float32)
+        self.op_rows = build.aot_op(kernel + "Rows", ("x", "w_packed", "rows"), ms.float32)
 
     def construct(self, x, w_packed, rows=None):
         if rows is None:
@@ -58,3 +54,15 @@ class PackedMatMul(nn.Cell):
         if self.padded:
             y = y[:, :self.out_features]
         return y
+
+
+class PackedMatMul(PanelMatMul):
+    """mm(x [M, K] float32, w_packed [P, K, 16] float32, rows=None) -> [M, out_features] on the CPU.
+
+    Faster than MindSpore's CPU MatMul on the shapes of LLM inference (small M: decode batches):
+    register tiles (AVX2: 6 rows x 16 columns; AVX-512: 12 rows x a pair of 16-column panels) over
+    unit-stride panels, split over the kernels' thread pool.
+    """
+
+    def __init__(self, out_features: int):
+        super().__init__("PackedMatMul", out_features)

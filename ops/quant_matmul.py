@@ -5,10 +5,8 @@ and "int8" (per-output-channel symmetric int8, float32 scales). A packed weight 
 int8 (raw bytes), P = ceil(N / 16); columns past N are zero.
 """
 import numpy as np
-import mindspore as ms
-from mindspore import nn
 
-from ms_atb.ops import build
+from ms_atb.ops.matmul import PanelMatMul
 
 PANEL = 16   # columns per panel
 BLOCK = 32   # rows of k per block
@@ -106,25 +104,10 @@ def dequantize(packed: np.ndarray, fmt: str, in_features: int, out_features: int
     return w.transpose(1, 0, 2).reshape(nb * BLOCK, p * PANEL)[:k, :out_features]
 
 
-class QuantMatMul(nn.Cell):
+class QuantMatMul(PanelMatMul):
     """mm(x [M, K] float32, w_packed [P, panel_bytes] int8, rows=None) -> [M, out_features] on the CPU,
     W dequantised inside the kernel's tiles (ops/quant_matmul.cc); rows as PackedMatMul's."""
 
     def __init__(self, fmt: str, out_features: int):
-        super().__init__()
         _check_format(fmt)
-        if out_features < 1:
-            raise ValueError(f"out_features must be >= 1, got {out_features}")
-        self.out_features = out_features
-        self.padded = -(-out_features // PANEL) * PANEL != out_features
-        self.op = build.aot_op(_KERNELS[fmt], ("x", "w_packed"), ms.float32)
-        self.op_rows = build.aot_op(_KERNELS[fmt] + "Rows", ("x", "w_packed", "rows"), ms.float32)
-
-    def construct(self, x, w_packed, rows=None):
-        if rows is None:
-            y = self.op(x, w_packed)  # [M, 16 P]
-        else:
-            y = self.op_rows(x, w_packed, rows)  # [M, 16 P], rows past `rows` zero
-        if self.padded:
-            y = y[:, :self.out_features]
-        return y
+        super().__init__(_KERNELS[fmt], out_features)
