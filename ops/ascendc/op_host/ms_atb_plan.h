@@ -5,7 +5,7 @@
 // (on the NPU the tiling functions read them from the platform instead); sources in
 // ops/ascendc/README.md: 20 AI cores (Cube), 40 vector cores, unified buffer 192 KiB per vector
 // core, L1 512 KiB, L0A 64 KiB, L0B 64 KiB, L0C 128 KiB per AI core.
-// A Cube launch (prefill chunks) uses the AI cores, one block = one AI core with its vector cores.
+// A Cube launch (prefill chunks) is a mixed kernel: one block = one AI core group, its AIC (Cube) and two AIVs.
 #ifndef MS_ATB_PLAN_H_
 #define MS_ATB_PLAN_H_
 
@@ -28,6 +28,7 @@ constexpr uint32_t kAlign = 32;          // bytes: copies and vector operands co
 constexpr uint32_t kTokenGrain = 16;     // span granularity (cache tokens)
 constexpr uint32_t kMaxSpan = 128;       // cache tokens per softmax step, at most
 constexpr uint32_t kMaxQueryTile = 16;   // queries per work item, at most
+constexpr uint32_t kAivPerGroup = 2;     // vector cores (AIV) per AI core group of a mixed launch
 
 inline uint32_t Align(uint64_t bytes) { return static_cast<uint32_t>((bytes + kAlign - 1) / kAlign * kAlign); }
 
@@ -51,7 +52,7 @@ struct PagedAttentionPlan {
   // (work item, context split), one partial result (unnormalised rows, running max, sum).
   uint32_t kv_splits = 1, base_items = 0, ws_core_bytes = 0, partial_bytes = 0;
   uint64_t workspace_bytes = 0;
-  uint32_t cores = 0;  // the cores the launch may use: AI cores with the Cube, vector cores without
+  uint32_t cores = 0;  // the blocks the launch may use: AI core groups with the Cube, vector cores without
 };
 
 inline uint32_t RoundUp16(uint64_t n) { return static_cast<uint32_t>((n + 15) / 16 * 16); }
@@ -145,7 +146,9 @@ inline PagedAttentionPlan PlanPagedAttention(const PagedAttentionShape &s, const
   p.base_items = static_cast<uint32_t>(items);
   p.block_dim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(p.cores, items * p.kv_splits)));
   p.partial_bytes = p.kv_splits > 1 ? Align(uint64_t{p.q_tile} * p.head_tile * s.head_dim * 4) + 2 * p.stats_bytes : 0;
-  p.workspace_bytes = uint64_t{p.block_dim} * p.ws_core_bytes + uint64_t(items) * p.kv_splits * p.partial_bytes;
+  // Partials: one per (item, part), per AIV of a group in a mixed launch (each holds half of the item's rows).
+  const uint64_t partials = uint64_t(items) * p.kv_splits * (p.cube ? kAivPerGroup : 1);
+  p.workspace_bytes = uint64_t{p.block_dim} * p.ws_core_bytes + partials * p.partial_bytes;
   return p;
 }
 
