@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from ms_atb.ops import ascendc_build, build
-from test_ascendc_kernels import check, tiling_of
+from ascendc_helpers import call, values
+from ops_reference import dequantize_ref, paged_attention_ref
+from test_ascendc_kernels import CONFIGS, TOLERANCE, check, int8_batch, tiling_of
 
 KERNELS = r"""
 #include "sim_runner.h"
@@ -182,3 +184,22 @@ def test_the_mixed_prefill_launch_matches_the_reference(name, seqs, dtype, split
     partials = plan["base_items"] * plan["kv_splits"] * 2 * plan["partial_bytes"]
     assert plan["workspace_bytes"] == plan["block_dim"] * plan["ws_core_bytes"] + partials
     check(name, seqs, "scattered", dtype, seed=5)
+
+
+def test_int8_caches_reach_the_cube_widened_by_the_aivs():
+    """A prefill chunk over int8 caches, its context split over the groups: the AIVs widen their half of each
+    span's rows to bfloat16 (exact) for the Cube and apply the K scales to the scores and the V scales to P."""
+    name, seqs, dtype = "gqa4", [(1100, 8)], "bfloat16"
+    plan = tiling_of(name, seqs, "int8")
+    assert plan["cube"] == 1 and plan["kv_splits"] > 1
+    d = CONFIGS[name][2]
+    kc, vc, ks, vs, query, tables, lens, qsl = int8_batch(name, seqs, dtype, 7)
+    out = np.full(query.shape, 0x7FC0, np.uint16).view(query.dtype)
+    status = call("MsAtbPagedAttentionQuant",
+                  [query, kc, vc, tables, lens, qsl, np.array([d ** -0.5], np.float32), ks, vs, out],
+                  [dtype, "int8", "int8"] + ["int32"] * 3 + ["float32"] * 3 + [dtype])
+    assert status == 0
+    ref = paged_attention_ref(values(query, dtype), dequantize_ref(kc, ks), dequantize_ref(vc, vs), tables, lens, qsl,
+                              d ** -0.5)
+    got = values(out, dtype).astype(np.float64)
+    assert np.all(np.abs(got - ref) <= TOLERANCE[dtype] * np.maximum(1.0, np.abs(ref)))

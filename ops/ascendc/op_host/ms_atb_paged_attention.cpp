@@ -3,7 +3,7 @@
 //   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32; key_scale_cache,
 //   value_scale_cache [NB, BS, KVH] float32 (optional: int8 caches) -> out [T, H, D].
 // Tiling keys: 0 float16, 1 bfloat16, + 2 with int8 caches (vector cores); a launch with the Cube (plan.cube)
-// takes key 4 (float16) or 5 (bfloat16): a mixed kernel (KERNEL_TYPE_MIX_AIC_1_2) whose block_dim counts AI
+// takes key + 4: a mixed kernel (KERNEL_TYPE_MIX_AIC_1_2) whose block_dim counts AI
 // core groups of one AIC and two AIVs.
 #include "ms_atb_hardware.h"
 #include "ms_atb_paged_attention_tiling.h"

@@ -61,13 +61,15 @@ inline uint32_t RoundUp16(uint64_t n) { return static_cast<uint32_t>((n + 15) / 
 // 4 statistics vectors (m, l, new m, alpha) and 2 reduction scratch buffers; on the vector unit alone also
 // q (1), K and V (2 buffers each: double buffering) and K and V spans in float32 (the rows buffer holds the
 // scaled queries); with the Cube, the probabilities in the queries' type (the rows buffer holds P x V); with
-// int8 caches, a float16 staging span.
+// int8 caches, a float16 staging span (and, with the Cube, the K and V buffers and float32 spans of the
+// vector unit alone: the AIVs widen the int8 rows for the Cube and hold the span's scales).
 inline uint64_t PagedAttentionUb(PagedAttentionPlan &p, const PagedAttentionShape &s) {
   const uint64_t rows = uint64_t{p.q_tile} * p.head_tile, d = s.head_dim, span = p.span;
   p.out_bytes = Align(rows * d * s.elem_bytes);
   p.q_bytes = p.cube ? 0 : p.out_bytes;
-  p.kv_bytes = p.cube ? 0 : Align(span * d * s.cache_elem_bytes);
-  p.kv_f32_bytes = p.cube ? 0 : Align(span * d * 4);
+  const bool reads_cache = !p.cube || s.cache_elem_bytes == 1;  // the Cube reads 16-bit caches itself
+  p.kv_bytes = reads_cache ? Align(span * d * s.cache_elem_bytes) : 0;
+  p.kv_f32_bytes = reads_cache ? Align(span * d * 4) : 0;
   p.rows_f32_bytes = Align(rows * d * 4);
   p.scores_bytes = Align(rows * span * 4);
   p.stats_bytes = Align(rows * 4);
@@ -93,7 +95,9 @@ inline bool CubeFits(PagedAttentionPlan &p, const PagedAttentionShape &s, const 
   p.l0a_bytes = uint64_t{p.q_l0a_bytes} + p.p_l0a_bytes;
   p.l0b_bytes = 2ull * p.kv_l0b_bytes;
   p.l0c_bytes = uint64_t{p.s_l0c_bytes} + p.pv_l0c_bytes;
-  p.ws_core_bytes = Align(m * span * 4) + Align(m * span * e) + Align(m * d * 4);
+  // The group's exchange area: scores, P, P x V; with int8 caches also K and V widened to 16 bits.
+  p.ws_core_bytes = Align(m * span * 4) + Align(m * span * e) + Align(m * d * 4) +
+                    (s.cache_elem_bytes == 1 ? 2 * Align(span * d * e) : 0);
   return p.l1_bytes <= hw.l1_bytes && p.l0a_bytes <= hw.l0a_bytes && p.l0b_bytes <= hw.l0b_bytes &&
          p.l0c_bytes <= hw.l0c_bytes;
 }
@@ -118,9 +122,9 @@ inline PagedAttentionPlan PlanPagedAttention(const PagedAttentionShape &s, const
   const int64_t max_context = std::max<int64_t>(1, s.max_blocks * s.block_size);
   const int64_t max_queries = std::max<int64_t>(1, s.num_tokens - std::max<int64_t>(s.num_seqs, 1) + 1);
   const int64_t span_max = std::min<int64_t>(kMaxSpan, (max_context + kTokenGrain - 1) / kTokenGrain * kTokenGrain);
-  // A sequence with more than one query (a prefill chunk) needs T > B; the Cube multiplies 16-bit caches. In
-  // such a launch every item (decode ones too, their rows padded to 16) goes through the Cube.
-  p.cube = s.num_tokens > std::max<int64_t>(s.num_seqs, 1) && s.cache_elem_bytes == 2 ? 1 : 0;
+  // A sequence with more than one query (a prefill chunk) needs T > B. In such a launch every item (decode ones
+  // too, their rows padded to 16) goes through the Cube; int8 rows are widened to 16 bits (exact) by the AIVs.
+  p.cube = s.num_tokens > std::max<int64_t>(s.num_seqs, 1) ? 1 : 0;
   for (int64_t head_tile = group; head_tile >= 1 && p.ub_bytes == 0; --head_tile) {
     if (group % head_tile) continue;
     p.head_tile = static_cast<uint32_t>(head_tile);

@@ -51,13 +51,18 @@ __aicore__ inline void ProcessCube() {
 
 // Element offsets of the group's exchange area of the workspace: scores [M, S] float, P [M, S] in T,
 // P x V [M, D] float.
-__aicore__ inline void ExchangeAt(uint64_t *at_scores, uint64_t *at_p, uint64_t *at_pv) {
+__aicore__ inline void ExchangeAt(uint64_t *at_scores, uint64_t *at_p, uint64_t *at_pv, uint64_t *at_k = nullptr,
+                                  uint64_t *at_v = nullptr) {
   const uint32_t M = t_.rows_pad, S = t_.span;
   const int64_t group = ASCEND_IS_AIC ? GetBlockIdx() : GetBlockIdx() / subs_;
   const uint64_t ws = uint64_t(group) * t_.ws_core_bytes;
   *at_scores = ws / sizeof(float);
   *at_p = (ws + (M * S * 4 + 31) / 32 * 32) / sizeof(T);
-  *at_pv = (ws + (M * S * 4 + 31) / 32 * 32 + (M * S * sizeof(T) + 31) / 32 * 32) / sizeof(float);
+  const uint64_t pv = ws + (M * S * 4 + 31) / 32 * 32 + (M * S * sizeof(T) + 31) / 32 * 32;
+  *at_pv = pv / sizeof(float);
+  const uint64_t k = pv + (M * t_.head_dim * 4 + 31) / 32 * 32, kv = (S * t_.head_dim * sizeof(T) + 31) / 32 * 32;
+  if (at_k != nullptr) *at_k = k / sizeof(T);  // int8 caches: K and V [S, D] widened to T
+  if (at_v != nullptr) *at_v = (k + kv) / sizeof(T);
 }
 
 // The fractals [start, start + count * stride) (every stride-th) of an L1 tensor into consecutive fractals
@@ -89,12 +94,17 @@ __aicore__ inline void LoadQueryCube(int32_t row0, int32_t nq, uint32_t head0) {
 __aicore__ inline void CubeSpan(uint32_t b, uint32_t g, int32_t base, int32_t end, uint32_t rows) {
   const uint32_t D = t_.head_dim, S = t_.span, M = t_.rows_pad, BS = t_.block_size;
   const int32_t ntok = end - base < static_cast<int32_t>(S) ? end - base : S;
-  uint64_t at_scores, at_p, at_pv;
-  ExchangeAt(&at_scores, &at_p, &at_pv);
+  uint64_t at_scores, at_p, at_pv, at_k, at_v;
+  ExchangeAt(&at_scores, &at_p, &at_pv, &at_k, &at_v);
   LocalTensor<T> k1 = k_l1_.AllocTensor<T>(), v1 = v_l1_.AllocTensor<T>();  // [S, D] NZ each
   if (ntok < static_cast<int32_t>(S))  // V's rows ntok..S of every column block
     InitConstValue(v1[ntok * kFrac], InitConstValueParams<T>(D / kFrac, S - ntok, ntok, T(0.0f)));
-  for (int32_t tok = base; tok < base + ntok;) {
+  if (t_.quant) {  // the AIVs' widened rows, contiguous [ntok, D]
+    CrossCoreWaitFlag<2, PIPE_MTE2>(kFlagKv);
+    DataCopy(k1, ws_t_[at_k], Nd2NzParams(1, ntok, D, 0, D, S, 1, 0));
+    DataCopy(v1, ws_t_[at_v], Nd2NzParams(1, ntok, D, 0, D, S, 1, 0));
+  }
+  for (int32_t tok = base; tok < base + ntok && !t_.quant;) {
     const int32_t in_block = tok % BS, left = base + ntok - tok;
     const int32_t n = static_cast<int32_t>(BS) - in_block < left ? static_cast<int32_t>(BS) - in_block : left;
     const uint64_t src = (Slot(b, tok) * t_.num_kv_heads + g) * D;
@@ -148,18 +158,47 @@ __aicore__ inline void CubeSpan(uint32_t b, uint32_t g, int32_t base, int32_t en
 }
 
 // AIV: the softmax step of one span for its `rows` rows (queries qoff.. of the item, the first at first_pos),
-// between the AIC's two products. With no rows it still takes part in every hand-off.
-__aicore__ inline void SoftmaxSpan(int32_t base, int32_t end, int32_t first_pos, uint32_t qoff, uint32_t rows) {
+// between the AIC's two products. With no rows it still takes part in every hand-off. With int8 caches it
+// first widens its half of the span's K and V rows for the Cube; the Cube then multiplies the int8 values,
+// so each score column takes its token's K scale, and each P column its token's V scale (P x V sums
+// p_n s_n v_n), while the softmax's sum takes the unscaled probabilities.
+__aicore__ inline void SoftmaxSpan(uint32_t b, uint32_t g, int32_t base, int32_t end, int32_t first_pos, uint32_t qoff,
+                                   uint32_t rows) {
   const uint32_t D = t_.head_dim, S = t_.span, r0 = qoff * t_.head_tile;
   const int32_t ntok = end - base < static_cast<int32_t>(S) ? end - base : S;
-  uint64_t at_scores, at_p, at_pv;
-  ExchangeAt(&at_scores, &at_p, &at_pv);
+  uint64_t at_scores, at_p, at_pv, at_k, at_v;
+  ExchangeAt(&at_scores, &at_p, &at_pv, &at_k, &at_v);
+  LocalTensor<float> ks, vs;  // [S] each: the span's K and V scales (0 past ntok), with int8 caches
+  if constexpr (std::is_same<C, int8_t>::value) {
+    ks = vf_buf_.Get<float>();
+    vs = ks[S];
+    const int32_t half = (ntok + subs_ - 1) / subs_, t0 = sub_ * half < ntok ? sub_ * half : ntok;
+    const int32_t n = ntok - t0 < half ? ntok - t0 : half;
+    if (n > 0) {
+      CopyIn(b, g, base + t0, base + t0 + n);
+      LocalTensor<C> k = k_in_.DeQue<C>(), v = v_in_.DeQue<C>();
+      Widen(k, n, at_k + uint64_t(t0) * D);
+      Widen(v, n, at_v + uint64_t(t0) * D);
+      k_in_.FreeTensor(k);
+      v_in_.FreeTensor(v);
+    }
+    CrossCoreSetFlag<2, PIPE_MTE3>(kFlagKv);
+    Duplicate(ks, 0.0f, 2 * S);
+    PipeBarrier<PIPE_ALL>();
+    for (int32_t t = 0; t < ntok; ++t) {
+      const int64_t slot = Slot(b, base + t) * t_.num_kv_heads + g;
+      ks.SetValue(t, key_scales_.GetValue(slot));
+      vs.SetValue(t, value_scales_.GetValue(slot));
+    }
+  }
   CrossCoreWaitFlag<2, PIPE_MTE2>(kFlagScores);
   if (rows > 0) {
     LocalTensor<float> scores = scores_buf_.Get<float>();  // [rows, S]
     DataCopy(scores, ws_f_[at_scores + r0 * S], rows * S);
+    if (t_.quant) for (uint32_t r = 0; r < rows; ++r) Mul(scores[r * S], scores[r * S], ks, S);
     Muls(scores, scores, scale_.GetValue(0), rows * S);
     Softmax(first_pos, base, ntok, rows, true);
+    if (t_.quant) for (uint32_t r = 0; r < rows; ++r) Mul(scores[r * S], scores[r * S], vs, S);
     LocalTensor<T> p = p_buf_.Get<T>();  // [rows, S]
     Cast(p, scores, RoundMode::CAST_RINT, rows * S);
     PipeBarrier<PIPE_ALL>();
@@ -171,5 +210,23 @@ __aicore__ inline void SoftmaxSpan(int32_t base, int32_t end, int32_t first_pos,
     LocalTensor<float> pv = qf_buf_.Get<float>(), acc = acc_buf_.Get<float>();  // [rows, D]; qf is free here
     DataCopy(pv, ws_f_[at_pv + r0 * D], rows * D);
     Add(acc, acc, pv, rows * D);
+  }
+}
+
+// AIV, int8 caches: n int8 rows of D widened to T (exact: |q| <= 127) and written to the workspace at `at`.
+__aicore__ inline void Widen(const LocalTensor<C> &src, int32_t n, uint64_t at) {
+  const uint32_t count = uint32_t(n) * t_.head_dim;
+  LocalTensor<half> h = stage_buf_.Get<half>();  // [span, D]
+  Cast(h, src, RoundMode::CAST_NONE, count);
+  if constexpr (std::is_same<T, half>::value) {
+    PipeBarrier<PIPE_ALL>();
+    DataCopy(ws_t_[at], h, count);
+  } else {  // int8 -> float16 -> float32 -> bfloat16, each step exact
+    LocalTensor<float> f = kf_buf_.Get<float>();  // [span, D]
+    Cast(f, h, RoundMode::CAST_NONE, count);
+    LocalTensor<T> w = stage_buf_.Get<T>();
+    Cast(w, f, RoundMode::CAST_RINT, count);
+    PipeBarrier<PIPE_ALL>();
+    DataCopy(ws_t_[at], w, count);
   }
 }

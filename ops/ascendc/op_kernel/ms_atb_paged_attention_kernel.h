@@ -20,6 +20,7 @@ constexpr int64_t kAivPerGroup = 2;   // a mixed launch's group: one AIC (Cube) 
 constexpr uint16_t kFlagScores = 0;  // AIC -> AIVs: the span's scores are in the workspace
 constexpr uint16_t kFlagProbs = 1;   // AIVs -> AIC: both halves of P are in the workspace
 constexpr uint16_t kFlagPv = 2;      // AIC -> AIVs: P x V is in the workspace
+constexpr uint16_t kFlagKv = 3;      // AIVs -> AIC: the span's int8 K and V rows are in the workspace, widened
 
 template <typename T, typename C>  // T: queries and output (half / bfloat16_t); C: caches (T, or int8_t)
 class PagedAttentionKernel {
@@ -56,8 +57,8 @@ class PagedAttentionKernel {
       InitCubeBuffers();
       return;
     }
-    if (!td.cube) {
-      pipe_.InitBuffer(q_in_, 1, td.q_bytes);
+    if (!td.cube) pipe_.InitBuffer(q_in_, 1, td.q_bytes);
+    if (!td.cube || td.quant) {  // the vector unit reads the cache (on a mixed launch: int8 rows to widen)
       pipe_.InitBuffer(k_in_, 2, td.kv_bytes);
       pipe_.InitBuffer(v_in_, 2, td.kv_bytes);
       pipe_.InitBuffer(kf_buf_, td.kv_f32_bytes);
@@ -135,7 +136,7 @@ class PagedAttentionKernel {
       Duplicate(l, 0.0f, rows);
     }
     if (t_.cube) {  // a launch with prefill chunks takes every item through the Cube
-      for (int32_t s = begin; s < end; s += S) SoftmaxSpan(s, end, first_pos, qoff, rows);
+      for (int32_t s = begin; s < end; s += S) SoftmaxSpan(b, g, s, end, first_pos, qoff, rows);
     } else if (begin < end) {
       LoadQueryVector(q0 + qt, nq, head0, rows);
       CopyIn(b, g, begin, end);
