@@ -168,7 +168,11 @@ __aicore__ inline void SoftmaxSpan(uint32_t b, uint32_t g, int32_t base, int32_t
   const int32_t ntok = end - base < static_cast<int32_t>(S) ? end - base : S;
   uint64_t at_scores, at_p, at_pv, at_k, at_v;
   ExchangeAt(&at_scores, &at_p, &at_pv, &at_k, &at_v);
-  LocalTensor<float> ks, vs;  // [S] each: the span's K and V scales (0 past ntok), with int8 caches
+  // With int8 caches: the span's K scales and V scales / v_max ([S] each, 0 past ntok). P takes the V scales
+  // relative to the span's largest, so its 16-bit values stay as far from the subnormals as the
+  // probabilities themselves; P x V takes v_max back in float32.
+  LocalTensor<float> ks, vs;
+  float v_max = 0.0f;
   if constexpr (std::is_same<C, int8_t>::value) {
     ks = vf_buf_.Get<float>();
     vs = ks[S];
@@ -189,7 +193,11 @@ __aicore__ inline void SoftmaxSpan(uint32_t b, uint32_t g, int32_t base, int32_t
       const int64_t slot = Slot(b, base + t) * t_.num_kv_heads + g;
       ks.SetValue(t, key_scales_.GetValue(slot));
       vs.SetValue(t, value_scales_.GetValue(slot));
+      if (vs.GetValue(t) > v_max) v_max = vs.GetValue(t);
     }
+    if (v_max <= 0.0f) v_max = 1.0f;  // all-zero rows: any factor
+    PipeBarrier<PIPE_ALL>();
+    Muls(vs, vs, 1.0f / v_max, S);
   }
   CrossCoreWaitFlag<2, PIPE_MTE2>(kFlagScores);
   if (rows > 0) {
@@ -209,6 +217,7 @@ __aicore__ inline void SoftmaxSpan(uint32_t b, uint32_t g, int32_t base, int32_t
   if (rows > 0) {
     LocalTensor<float> pv = qf_buf_.Get<float>(), acc = acc_buf_.Get<float>();  // [rows, D]; qf is free here
     DataCopy(pv, ws_f_[at_pv + r0 * D], rows * D);
+    if (t_.quant) Muls(pv, pv, v_max, rows * D);
     Add(acc, acc, pv, rows * D);
   }
 }
