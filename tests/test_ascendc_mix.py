@@ -188,7 +188,8 @@ def test_the_mixed_prefill_launch_matches_the_reference(name, seqs, dtype, split
 
 @pytest.mark.parametrize("name, seqs, dtype", [
     ("gqa4", [(1100, 8)], "bfloat16"),   # one chunk, its context split over the groups
-    ("gqa8_bs128", [(2048, 1), (1100, 8), (129, 129), (5, 5)], "float16"),   # long spans: P's small values
+    pytest.param("gqa8_bs128", [(2048, 1), (1100, 8), (129, 129), (5, 5)], "float16",   # long spans: P's
+                 marks=pytest.mark.slow),                                                # small values
 ])
 def test_int8_caches_reach_the_cube_widened_by_the_aivs(name, seqs, dtype):
     """Prefill chunks over int8 caches: the AIVs widen their half of each span's rows to 16 bits (exact) for the
