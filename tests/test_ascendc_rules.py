@@ -114,7 +114,7 @@ extern "C" int RunCube(int variant, void *a, void *bt, void *c) {
       case kWrongPosition: CubeKernel<kWrongPosition>(x, y, z); break;
     }
   };
-  return RunCores("cube", 1, 0, CoreCapacity(), gm, launch);
+  return RunCores("cube", 1, 0, CoreCapacity(), gm, launch, LaunchForm::kAicOnly);  // the Cube core alone
 }
 
 // Four cores: each writes its index to slot[core], then after SyncAll reads its neighbour's slot into

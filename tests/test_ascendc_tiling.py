@@ -26,10 +26,11 @@ def check_buffers(plan, d, elem=2, cache_elem=2):
     """The buffers are the sizes the kernel's InitBuffers take for the plan's tiles, and add up to ub_bytes (and,
     with the Cube, to l1_bytes / l0a_bytes / l0b_bytes / l0c_bytes) within the capacities."""
     rows, span = plan["q_tile"] * plan["head_tile"], plan["span"]
-    vector = not plan["cube"]   # the Cube launch reads Q, K and V into L1, not the unified buffer
+    vector = not plan["cube"]   # the Cube launch reads Q, K and V into L1, not the unified buffer ...
+    reads_cache = vector or cache_elem == 1   # ... but its AIVs widen int8 rows for it
     assert plan["out_bytes"] == align(rows * d * elem) and plan["q_bytes"] == vector * plan["out_bytes"]
-    assert plan["kv_bytes"] == vector * align(span * d * cache_elem)
-    assert plan["kv_f32_bytes"] == vector * align(span * d * 4)
+    assert plan["kv_bytes"] == reads_cache * align(span * d * cache_elem)
+    assert plan["kv_f32_bytes"] == reads_cache * align(span * d * 4)
     assert plan["rows_f32_bytes"] == align(rows * d * 4) and plan["scores_bytes"] == align(rows * span * 4)
     assert plan["p_bytes"] == (align(rows * span * elem) if plan["cube"] else 0)
     assert plan["stage_bytes"] == (align(span * d * 2) if cache_elem == 1 else 0)
@@ -66,7 +67,11 @@ def test_every_grid_shape_fits_the_unified_buffer(name, dtype):
         if d % 32 == 0:
             quant = attention_plan(h, kvh, d, bs, seqs, dtype, "int8")
             check_buffers(quant, d, cache_elem=1)
-            assert quant["cube"] == 0   # int8 caches stay on the vector unit
+            assert quant["cube"] == plan["cube"]   # int8 rows reach the Cube widened by the AIVs
+            widened = 2 * align(quant["span"] * d * 2) if quant["cube"] else 0   # K and V [span, D] in 16 bits
+            exchange = align(quant["rows_pad"] * quant["span"] * 4) + align(quant["rows_pad"] * quant["span"] * 2)
+            assert quant["ws_core_bytes"] == (exchange + align(quant["rows_pad"] * d * 4) + widened if quant["cube"]
+                                              else 0)
 
 
 def test_decode_takes_one_query_per_item_and_prefill_tiles_queries():

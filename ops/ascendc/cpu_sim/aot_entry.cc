@@ -121,10 +121,12 @@ int PagedAttention(bool quant, int nparam, void **params, int *ndims, int64_t **
   auto p = reinterpret_cast<GM_ADDR *>(params);
   GM_ADDR key_scales = quant ? p[7] : nullptr;
   GM_ADDR value_scales = quant ? p[8] : nullptr;
-  return AscendC::RunCores(op, td.block_dim, key + (quant ? 2 : 0), Capacity(hw), gm, [&] {
+  // A launch with the Cube is mixed: block_dim groups of one AIC and two AIVs (tiling keys 4 and 5).
+  const AscendC::LaunchForm form = plan.cube ? AscendC::LaunchForm::kMix12 : AscendC::LaunchForm::kAivOnly;
+  return AscendC::RunCores(op, td.block_dim, key + (quant ? 2 : 0) + (plan.cube ? 4 : 0), Capacity(hw), gm, [&] {
     ms_atb_paged_attention(p[0], p[1], p[2], p[3], p[4], p[5], p[6], key_scales, value_scales, p[out],
                            workspace.empty() ? nullptr : workspace.data(), reinterpret_cast<GM_ADDR>(&td));
-  });
+  }, form);
 }
 
 int ReshapeAndCache(bool quant, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {

@@ -4,6 +4,7 @@
 #define MS_ATB_ASCENDC_KERNEL_OPERATOR_H_
 
 #include "sim_core.h"
+#include "sim_mix.h"
 #include "sim_ops.h"
 #include "sim_cube.h"
 #include "sim_tensor.h"

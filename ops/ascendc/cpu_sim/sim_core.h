@@ -11,6 +11,11 @@
 //   "queue discipline"       : AllocTensor within the queue's depth, EnQue/DeQue paired, every tensor freed
 //   "use after FreeTensor"   : a local tensor is not used once freed (nor while it sits in a queue)
 //   "local bounds"           : an access stays inside its local tensor
+//   "core type"              : Cube work (L1 / L0 buffers, Mmad, LoadData, Fixpipe) runs on an AIC, vector
+//                             work (unified buffer, vector instructions) on an AIV; a launch's form matches
+//                             the kernel type its tiling key declares
+//   "cross-core flag"        : CrossCoreSetFlag / CrossCoreWaitFlag (sim_mix.h) pair up; a wait no program can
+//                             still satisfy is a deadlock, reported with its flag
 #ifndef MS_ATB_ASCENDC_SIM_CORE_H_
 #define MS_ATB_ASCENDC_SIM_CORE_H_
 
@@ -46,6 +51,25 @@ struct CoreCapacity {
   uint64_t ub = 192 * 1024, l1 = 512 * 1024, l0a = 64 * 1024, l0b = 64 * 1024, l0c = 128 * 1024;
 };
 
+// The two core types of an Atlas A2 AI core group: one Cube core (AIC) and two vector cores (AIV).
+enum class CoreType { kAic, kAiv };
+inline const char *CoreTypeName(CoreType t) { return t == CoreType::kAic ? "AIC" : "AIV"; }
+
+// Kernel types (KERNEL_TASK_TYPE / KERNEL_TASK_TYPE_DEFAULT): which cores a launch of a tiling key starts.
+enum KernelMetaType {
+  KERNEL_TYPE_AIV_ONLY, KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_MIX_AIV_1_0, KERNEL_TYPE_MIX_AIC_1_0,
+  KERNEL_TYPE_MIX_AIC_1_1, KERNEL_TYPE_MIX_AIC_1_2, KERNEL_TYPE_AICORE, KERNEL_TYPE_VECTORCORE,
+  KERNEL_TYPE_MIX_AICORE, KERNEL_TYPE_MIX_VECTOR_CORE, KERNEL_TYPE_MAX, KERNEL_TYPE_UNDECLARED
+};
+// Hardware synchronisation across cores (SyncAll, CrossCoreSetFlag) needs a kernel type with "hard sync": the
+// MIX types; a plain AIV_ONLY / AIC_ONLY declaration forbids it.
+inline void RequireHardSync(KernelMetaType declared, const char *what) {
+  if (declared == KERNEL_TYPE_AIV_ONLY || declared == KERNEL_TYPE_AIC_ONLY)
+    throw RuleViolation("core type", std::string(what) + " needs a kernel type with hardware sync (KERNEL_TYPE_MIX_AIV_1_0, "
+                                     "KERNEL_TYPE_MIX_AIC_1_0 or KERNEL_TYPE_MIX_AIC_1_2), not " +
+                                     (declared == KERNEL_TYPE_AIV_ONLY ? "KERNEL_TYPE_AIV_ONLY" : "KERNEL_TYPE_AIC_ONLY"));
+}
+
 // State of the simulated machine: the core running now and the global-memory tensors it may touch.
 struct SimState {
   struct Region { const uint8_t *base; uint64_t bytes; };
@@ -54,7 +78,15 @@ struct SimState {
   int64_t block_idx = 0, block_num = 1;
   uint64_t tiling_key = 0;
   std::string deferred_error;  // a rule broken in a destructor, raised by the runner after the core returns
-  std::function<void()> sync_all;  // the runner's barrier across the cores of the launch
+  std::function<void(bool aiv_only)> sync_all;  // the runner's barrier across the cores of the launch
+  // The program running on this thread: its core type, its AIV index in the group (0 on an AIC), the AIVs
+  // per group (2 in a mixed launch, 1 otherwise), and the kernel type its tiling key declared.
+  CoreType core_type = CoreType::kAiv;
+  int64_t sub_block_idx = 0, sub_block_num = 1;
+  KernelMetaType declared_type = KERNEL_TYPE_UNDECLARED;
+  bool declared_by_key = false;
+  std::function<void(int mode, int flag)> set_flag;  // the runner's cross-core flags (sim_mix.h)
+  std::function<void(int flag)> wait_flag;
 };
 inline SimState &Sim() {
   static thread_local SimState state;
@@ -73,7 +105,21 @@ inline const SimState::Region &GmRegion(const void *p, uint64_t bytes, uint64_t 
                                                   " bytes outside every global tensor of the kernel");
 }
 
-inline int64_t GetBlockIdx() { return Sim().block_idx; }
+// AIC: the group's index in [0, GetBlockNum()); AIV: group * 2 + its index in the group, in [0, 2 * GetBlockNum())
+// in a mixed 1:2 launch.
+inline int64_t GetBlockIdx() {
+  return Sim().core_type == CoreType::kAic ? Sim().block_idx : Sim().block_idx * Sim().sub_block_num + Sim().sub_block_idx;
+}
+inline int64_t GetSubBlockIdx() { return Sim().sub_block_idx; }
+inline int64_t GetSubBlockNum() { return Sim().sub_block_num; }
+inline int64_t GetTaskRatio() { return Sim().sub_block_num; }
+
+// Stops the program unless it runs on core type `type`; `what` names the work.
+inline void RequireCore(CoreType type, const std::string &what) {
+  if (Sim().core_type != type)
+    throw RuleViolation("core type", what + " runs on the " + CoreTypeName(type) + ", called on an " +
+                                         CoreTypeName(Sim().core_type));
+}
 // The kernel's own part of the workspace argument (the runner passes only that part).
 inline uint8_t *GetUserWorkspace(uint8_t *workspace) { return workspace; }
 inline int64_t GetBlockNum() { return Sim().block_num; }
@@ -142,17 +188,20 @@ enum class RoundMode { CAST_NONE, CAST_RINT, CAST_ROUND, CAST_FLOOR, CAST_CEIL, 
 enum class TPosition { GM, VECIN, VECOUT, VECCALC, A1, B1, A2, B2, CO1, CO2 };
 using QuePosition = TPosition;
 
-enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
+enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
 enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, MTE2_S, S_MTE3, MTE3_S };
 
 // The simulator executes every instruction in program order, so barriers and flags have nothing to
 // wait for; they are accepted so the kernels compile unchanged.
 template <pipe_t pipe> inline void PipeBarrier() {}
 
-// Every core of the launch waits here until all of them arrive (the runner checks they all do).
+// Every core of the launch (the AIVs alone with isAIVOnly) waits here until all of them arrive (the runner
+// checks they all do).
 template <bool isAIVOnly = true>
 inline void SyncAll() {
-  if (Sim().sync_all) Sim().sync_all();
+  if (isAIVOnly) RequireCore(CoreType::kAiv, "SyncAll<true> (the vector cores' barrier)");
+  RequireHardSync(Sim().declared_type, "SyncAll");
+  if (Sim().sync_all) Sim().sync_all(isAIVOnly);
 }
 template <HardEvent e> inline void SetFlag(int32_t) {}
 template <HardEvent e> inline void WaitFlag(int32_t) {}

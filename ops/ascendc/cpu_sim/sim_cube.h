@@ -14,6 +14,7 @@
 // Rules enforced (besides those of sim_core.h):
 //   "cube operand position": Mmad takes A from L0A, B from L0B and writes L0C; LoadData goes L1 -> L0A / L0B;
 //                            Nd2Nz copies land in L1; Fixpipe reads L0C
+//   "core type"            : every one of these runs on the AIC (the Cube core of a group)
 //   "cube shape"           : Mmad's m, n, k are whole fractals (multiples of 16) within [16, 4095], and the
 //                            operands hold them (an overflow of an L0 tensor is caught here or by "local bounds")
 #ifndef MS_ATB_ASCENDC_SIM_CUBE_H_
@@ -113,6 +114,7 @@ constexpr bool IsCube16() { return std::is_same<T, half>::value || std::is_same<
 template <typename T>
 void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const Nd2NzParams &p) {
   static_assert(detail::IsCube16<T>(), "the kernels feed the Cube 16-bit types");
+  RequireCore(CoreType::kAic, "DataCopy with Nd2NzParams (global memory -> L1)");
   const std::string where = MemoryName(dst.GetPosition());
   detail::CubePosition(where == "L1", "DataCopy with Nd2NzParams", "the destination is in " + where + ", not L1");
   Require(p.ndNum > 0 && p.nValue > 0 && p.dValue > 0, "copy alignment", "Nd2NzParams with an empty matrix");
@@ -138,6 +140,7 @@ void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const Nd2Nz
 template <typename T>
 void LoadData(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LoadData2DParams &p) {
   static_assert(detail::IsCube16<T>(), "the kernels feed the Cube 16-bit types");
+  RequireCore(CoreType::kAic, "LoadData (L1 -> L0A / L0B)");
   const std::string from = MemoryName(src.GetPosition()), to = MemoryName(dst.GetPosition());
   detail::CubePosition(from == "L1" && (to == "L0A" || to == "L0B"), "LoadData",
                        "copies L1 -> L0A / L0B, not " + from + " -> " + to);
@@ -157,6 +160,7 @@ template <typename D, typename S>
 void Mmad(const LocalTensor<D> &dst, const LocalTensor<S> &fm, const LocalTensor<S> &filter, const MmadParams &p) {
   static_assert(std::is_same<D, float>::value && detail::IsCube16<S>(),
                 "the kernels multiply 16-bit matrices into float32");
+  RequireCore(CoreType::kAic, "Mmad (the Cube's matrix multiply)");
   detail::CubePosition(std::string(MemoryName(fm.GetPosition())) == "L0A", "Mmad", "the left matrix is not in L0A");
   detail::CubePosition(std::string(MemoryName(filter.GetPosition())) == "L0B", "Mmad", "the right matrix is not in L0B");
   detail::CubePosition(std::string(MemoryName(dst.GetPosition())) == "L0C", "Mmad", "the result is not in L0C");
@@ -197,6 +201,7 @@ template <typename D, typename S, const FixpipeConfig &config = CFG_ROW_MAJOR>
 void Fixpipe(const GlobalTensor<D> &dst, const LocalTensor<S> &src, const FixpipeParamsV220 &p) {
   static_assert(std::is_same<D, float>::value && std::is_same<S, float>::value, "the kernels move float32 results");
   static_assert(config.format == CO2Layout::ROW_MAJOR, "the kernels write row-major results");
+  RequireCore(CoreType::kAic, "Fixpipe (L0C -> global memory)");
   detail::CubePosition(std::string(MemoryName(src.GetPosition())) == "L0C", "Fixpipe", "the source is not in L0C");
   Require(p.mSize > 0 && p.nSize > 0 && p.nSize % kFractal == 0 && p.srcStride >= p.mSize && p.srcStride % kFractal == 0,
           "cube shape", "Fixpipe of " + std::to_string(p.mSize) + " x " + std::to_string(p.nSize) + " from an L0C "
@@ -217,6 +222,7 @@ void Fixpipe(const GlobalTensor<D> &dst, const LocalTensor<S> &src, const Fixpip
 // Fills 32-byte blocks of an L1 / L0A / L0B tensor with one value.
 template <typename T>
 void InitConstValue(const LocalTensor<T> &dst, const InitConstValueParams<T> &p) {
+  RequireCore(CoreType::kAic, "InitConstValue (L1 / L0A / L0B)");
   const std::string where = MemoryName(dst.GetPosition());
   detail::CubePosition(where == "L1" || where == "L0A" || where == "L0B", "InitConstValue",
                        "fills L1 / L0A / L0B, not " + where);

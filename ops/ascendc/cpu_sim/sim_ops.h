@@ -34,6 +34,7 @@ inline void CheckCopy(uint64_t bytes, uint64_t local_address, uint64_t gm_offset
 template <typename T>
 T *Operand(const LocalTensor<T> &t, int32_t count, const char *op) {
   Require(count >= 0, "local bounds", std::string(op) + " with a negative count");
+  RequireCore(CoreType::kAiv, std::string("the vector instruction ") + op);
   Require(t.Slot() == nullptr || std::string(MemoryName(t.GetPosition())) == "unified buffer", "operand position",
           std::string(op) + " operand in " + MemoryName(t.GetPosition()) + ": vector instructions take unified-buffer "
           "tensors");

@@ -1,5 +1,5 @@
-// Runs an Ascend C kernel on the CPU: every core index in a thread of its own, one at a time (see
-// CoreTurns), over the global tensors the caller registers, with the per-core capacities of the
+// Runs an Ascend C kernel on the CPU: every program of the launch (a vector core, or a group's AIC and two
+// AIVs) in a thread of its own, one at a time (see CoreScheduler), over the global tensors the caller registers, with the per-core capacities of the
 // hardware figures. A broken rule ends the launch; its message is kept for MsAtbAscendcLastError() and printed to stderr.
 #ifndef MS_ATB_ASCENDC_SIM_RUNNER_H_
 #define MS_ATB_ASCENDC_SIM_RUNNER_H_
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernel_operator.h"
+#include "sim_sched.h"
 
 namespace AscendC {
 
@@ -19,92 +20,67 @@ std::string &LastError();  // sim_runner.cc
 
 struct GmTensor { void *data; uint64_t bytes; };
 
-// The cores of a launch take turns: one runs at a time, in index order, from the start (or one SyncAll)
-// to its next SyncAll (or its end); when the last core of a round has arrived, the next round starts.
-// So every core's work before a SyncAll is done before any core's work after it, as on the hardware, and a
-// launch runs the same way every time. A core that ends while others wait at a SyncAll breaks the rule
-// "cross-core sync" (on the hardware the waiting cores would hang).
-class CoreTurns {
- public:
-  explicit CoreTurns(uint32_t n) : n_(n), done_(n, 0) {}
-  struct Aborted {};
-  void WaitTurn(uint32_t core) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return abort_ || turn_ == core; });
-    if (abort_) throw Aborted{};
-  }
-  void Arrive(uint32_t core, bool done) {  // core yields at a SyncAll (done false) or at its end
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done) done_[core] = 1; else ++waiting_;
-    ++arrived_;
-    uint32_t next = core + 1;
-    while (next < n_ && done_[next]) ++next;
-    if (next == n_) {  // the round is complete
-      if (waiting_ > 0 && waiting_ != arrived_ && error_.empty()) {
-        error_ = RuleViolation("cross-core sync", std::to_string(arrived_ - waiting_) + " of " + std::to_string(arrived_) +
-                                                      " cores ended without reaching the SyncAll the others wait at").what();
-        abort_ = true;
-      }
-      next = 0;
-      while (next < n_ && done_[next]) ++next;
-      waiting_ = arrived_ = 0;
-    }
-    turn_ = next;
-    cv_.notify_all();
-  }
-  void Fail(const std::string &message) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.empty()) error_ = message;
-    abort_ = true;
-    cv_.notify_all();
-  }
-  const std::string &Error() const { return error_; }
+// Whether the kernel type the program's tiling key declared (or the kernel's default) is the launch's form.
+inline void CheckKernelType(LaunchForm form) {
+  const KernelMetaType t = Sim().declared_type;
+  const bool ok = form == LaunchForm::kMix12 ? t == KERNEL_TYPE_MIX_AIC_1_2
+                  : form == LaunchForm::kAicOnly ? (t == KERNEL_TYPE_AIC_ONLY || t == KERNEL_TYPE_MIX_AIC_1_0 ||
+                                                   t == KERNEL_TYPE_UNDECLARED)
+                                                 : (t == KERNEL_TYPE_AIV_ONLY || t == KERNEL_TYPE_MIX_AIV_1_0 ||
+                                                    t == KERNEL_TYPE_UNDECLARED);
+  Require(ok, "core type",
+          std::string("tiling key ") + std::to_string(Sim().tiling_key) +
+              (form == LaunchForm::kMix12 ? " launched as 1 AIC : 2 AIV groups, but the kernel does not declare "
+                                            "KERNEL_TYPE_MIX_AIC_1_2 for it"
+                                          : " launched on one core type, but the kernel declares a mixed type for it"));
+}
 
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint32_t n_, turn_ = 0, waiting_ = 0, arrived_ = 0;
-  std::vector<char> done_;
-  bool abort_ = false;
-  std::string error_;
-};
-
-// launch() runs the kernel once for the core Sim().block_idx. Returns 0, or 1 with LastError() set.
+// launch() runs the kernel once for each program of the launch (Sim() says which). Returns 0, or 1 with
+// LastError() set.
 template <class Launch>
 int RunCores(const char *op, uint32_t block_dim, uint64_t tiling_key, const CoreCapacity &capacity,
-             const std::vector<GmTensor> &gm, Launch launch) {
-  CoreTurns turns(block_dim);
+             const std::vector<GmTensor> &gm, Launch launch, LaunchForm form = LaunchForm::kAivOnly) {
+  CoreScheduler sched(block_dim, form);
   std::vector<std::thread> threads;
-  for (uint32_t i = 0; i < block_dim; ++i)
-    threads.emplace_back([&, i] {
+  for (size_t p = 0; p < sched.Programs().size(); ++p)
+    threads.emplace_back([&, p] {
+      const CoreScheduler::Program prog = sched.Programs()[p];
       SimState &sim = Sim();
       sim.gm.clear();
       for (const auto &t : gm) sim.gm.push_back({static_cast<const uint8_t *>(t.data), t.bytes});
       sim.capacity = capacity;
       sim.block_num = block_dim;
-      sim.block_idx = i;
+      sim.block_idx = prog.group;
+      sim.core_type = prog.type;
+      sim.sub_block_idx = prog.sub;
+      sim.sub_block_num = form == LaunchForm::kMix12 ? 2 : 1;
       sim.tiling_key = tiling_key;
+      sim.declared_type = KERNEL_TYPE_UNDECLARED;
+      sim.declared_by_key = false;
       sim.deferred_error.clear();
-      sim.sync_all = [&turns, i] {
-        turns.Arrive(i, false);
-        turns.WaitTurn(i);
-      };
+      sim.sync_all = [&sched, p](bool aiv_only) { sched.Yield(p, false, aiv_only); };
+      sim.set_flag = [&sched, p](int mode, int flag) { sched.SetFlag(p, mode, flag); };
+      sim.wait_flag = [&sched, p](int flag) { sched.WaitFlag(p, flag); };
       try {
-        turns.WaitTurn(i);
+        sched.WaitTurn(p);
         launch();
-        if (!sim.deferred_error.empty()) throw std::runtime_error(sim.deferred_error + " (core " + std::to_string(i) + ")");
-        turns.Arrive(i, true);
-      } catch (const CoreTurns::Aborted &) {
+        if (!sim.deferred_error.empty()) throw std::runtime_error(sim.deferred_error + " (core " + std::to_string(prog.group) + ")");
+        CheckKernelType(form);
+        sched.Yield(p, true);
+      } catch (const CoreScheduler::Aborted &) {
       } catch (const std::exception &e) {
-        turns.Fail(e.what());
+        sched.Fail(e.what() + (form == LaunchForm::kMix12 ? " (" + sched.Name(p) + ")" : std::string()));
       }
       sim.gm.clear();
       sim.deferred_error.clear();
       sim.sync_all = nullptr;
+      sim.set_flag = nullptr;
+      sim.wait_flag = nullptr;
     });
   for (auto &t : threads) t.join();
-  if (turns.Error().empty()) return 0;
-  LastError() = std::string(op) + ": " + turns.Error();
+  sched.CheckLeftovers();
+  if (sched.Error().empty()) return 0;
+  LastError() = std::string(op) + ": " + sched.Error();
   std::fprintf(stderr, "ms_atb ascendc %s\n", LastError().c_str());
   return 1;
 }

@@ -249,6 +249,9 @@ class TPipe {
     uint64_t capacity = memory == std::string("L1") ? c.l1 : memory == std::string("L0A") ? c.l0a
                       : memory == std::string("L0B") ? c.l0b : memory == std::string("L0C") ? c.l0c : c.ub;
     Require(len > 0, "capacity", "InitBuffer of 0 bytes");
+    const bool cube = memory != std::string("unified buffer");
+    RequireCore(cube ? CoreType::kAic : CoreType::kAiv,
+                std::string("InitBuffer of ") + memory + (cube ? " (a Cube buffer)" : " (a vector core's buffer)"));
     uint64_t bytes = (len + kBlockBytes - 1) / kBlockBytes * kBlockBytes;
     uint64_t *used = nullptr;
     for (auto &u : used_) if (u.first == memory) used = &u.second;

@@ -2,8 +2,9 @@
 //   query [T, H, D]; key_cache, value_cache [NB, BS, KVH, D]; block_tables [B, MAXB] int32;
 //   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32; key_scale_cache,
 //   value_scale_cache [NB, BS, KVH] float32 (optional: int8 caches) -> out [T, H, D].
-// Tiling keys: 0 float16, 1 bfloat16, + 2 with int8 caches. A launch with the Cube (plan.cube) is a mixed
-// AI-core / vector-core kernel: its block_dim counts AI cores.
+// Tiling keys: 0 float16, 1 bfloat16, + 2 with int8 caches (vector cores); a launch with the Cube (plan.cube)
+// takes key + 4: a mixed kernel (KERNEL_TYPE_MIX_AIC_1_2) whose block_dim counts AI
+// core groups of one AIC and two AIVs.
 #include "ms_atb_hardware.h"
 #include "ms_atb_paged_attention_tiling.h"
 #include "register/op_def_registry.h"
@@ -23,11 +24,13 @@ static ge::graphStatus MsAtbPagedAttentionTiling(gert::TilingContext *context) {
   MsAtbPagedAttentionTilingData tiling;
   ms_atb_plan::StorePagedAttention(shape, plan, tiling);
   context->SetBlockDim(plan.block_dim);
-  context->SetTilingKey((context->GetInputDesc(0)->GetDataType() == ge::DT_BF16 ? 1 : 0) + (quant ? 2 : 0));
+  context->SetTilingKey((context->GetInputDesc(0)->GetDataType() == ge::DT_BF16 ? 1 : 0) + (quant ? 2 : 0) +
+                        (plan.cube ? 4 : 0));
   tiling.SaveToBuffer(context->GetRawTilingData()->GetData(), context->GetRawTilingData()->GetCapacity());
   context->GetRawTilingData()->SetDataSize(tiling.GetDataSize());
   size_t *workspace = context->GetWorkspaceSizes(1);
-  workspace[0] = ms_atb_plan::SystemWorkspace(context) + plan.workspace_bytes;  // + the Cube exchange and partials
+  // The runtime's own part, then ours: each group's Cube <-> vector exchange and the context parts' partials.
+  workspace[0] = ms_atb_plan::SystemWorkspace(context) + plan.workspace_bytes;
   return ge::GRAPH_SUCCESS;
 }
 }  // namespace optiling

@@ -5,7 +5,7 @@
 // (on the NPU the tiling functions read them from the platform instead); sources in
 // ops/ascendc/README.md: 20 AI cores (Cube), 40 vector cores, unified buffer 192 KiB per vector
 // core, L1 512 KiB, L0A 64 KiB, L0B 64 KiB, L0C 128 KiB per AI core.
-// A Cube launch (prefill chunks) uses the AI cores, one block = one AI core with its vector cores.
+// A Cube launch (prefill chunks) is a mixed kernel: one block = one AI core group, its AIC (Cube) and two AIVs.
 #ifndef MS_ATB_PLAN_H_
 #define MS_ATB_PLAN_H_
 
@@ -28,6 +28,7 @@ constexpr uint32_t kAlign = 32;          // bytes: copies and vector operands co
 constexpr uint32_t kTokenGrain = 16;     // span granularity (cache tokens)
 constexpr uint32_t kMaxSpan = 128;       // cache tokens per softmax step, at most
 constexpr uint32_t kMaxQueryTile = 16;   // queries per work item, at most
+constexpr uint32_t kAivPerGroup = 2;     // vector cores (AIV) per AI core group of a mixed launch
 
 inline uint32_t Align(uint64_t bytes) { return static_cast<uint32_t>((bytes + kAlign - 1) / kAlign * kAlign); }
 
@@ -51,7 +52,7 @@ struct PagedAttentionPlan {
   // (work item, context split), one partial result (unnormalised rows, running max, sum).
   uint32_t kv_splits = 1, base_items = 0, ws_core_bytes = 0, partial_bytes = 0;
   uint64_t workspace_bytes = 0;
-  uint32_t cores = 0;  // the cores the launch may use: AI cores with the Cube, vector cores without
+  uint32_t cores = 0;  // the blocks the launch may use: AI core groups with the Cube, vector cores without
 };
 
 inline uint32_t RoundUp16(uint64_t n) { return static_cast<uint32_t>((n + 15) / 16 * 16); }
@@ -60,13 +61,15 @@ inline uint32_t RoundUp16(uint64_t n) { return static_cast<uint32_t>((n + 15) / 
 // 4 statistics vectors (m, l, new m, alpha) and 2 reduction scratch buffers; on the vector unit alone also
 // q (1), K and V (2 buffers each: double buffering) and K and V spans in float32 (the rows buffer holds the
 // scaled queries); with the Cube, the probabilities in the queries' type (the rows buffer holds P x V); with
-// int8 caches, a float16 staging span.
+// int8 caches, a float16 staging span (and, with the Cube, the K and V buffers and float32 spans of the
+// vector unit alone: the AIVs widen the int8 rows for the Cube and hold the span's scales).
 inline uint64_t PagedAttentionUb(PagedAttentionPlan &p, const PagedAttentionShape &s) {
   const uint64_t rows = uint64_t{p.q_tile} * p.head_tile, d = s.head_dim, span = p.span;
   p.out_bytes = Align(rows * d * s.elem_bytes);
   p.q_bytes = p.cube ? 0 : p.out_bytes;
-  p.kv_bytes = p.cube ? 0 : Align(span * d * s.cache_elem_bytes);
-  p.kv_f32_bytes = p.cube ? 0 : Align(span * d * 4);
+  const bool reads_cache = !p.cube || s.cache_elem_bytes == 1;  // the Cube reads 16-bit caches itself
+  p.kv_bytes = reads_cache ? Align(span * d * s.cache_elem_bytes) : 0;
+  p.kv_f32_bytes = reads_cache ? Align(span * d * 4) : 0;
   p.rows_f32_bytes = Align(rows * d * 4);
   p.scores_bytes = Align(rows * span * 4);
   p.stats_bytes = Align(rows * 4);
@@ -92,7 +95,9 @@ inline bool CubeFits(PagedAttentionPlan &p, const PagedAttentionShape &s, const 
   p.l0a_bytes = uint64_t{p.q_l0a_bytes} + p.p_l0a_bytes;
   p.l0b_bytes = 2ull * p.kv_l0b_bytes;
   p.l0c_bytes = uint64_t{p.s_l0c_bytes} + p.pv_l0c_bytes;
-  p.ws_core_bytes = Align(m * span * 4) + Align(m * span * e) + Align(m * d * 4);
+  // The group's exchange area: scores, P, P x V; with int8 caches also K and V widened to 16 bits.
+  p.ws_core_bytes = Align(m * span * 4) + Align(m * span * e) + Align(m * d * 4) +
+                    (s.cache_elem_bytes == 1 ? 2 * Align(span * d * e) : 0);
   return p.l1_bytes <= hw.l1_bytes && p.l0a_bytes <= hw.l0a_bytes && p.l0b_bytes <= hw.l0b_bytes &&
          p.l0c_bytes <= hw.l0c_bytes;
 }
@@ -117,9 +122,9 @@ inline PagedAttentionPlan PlanPagedAttention(const PagedAttentionShape &s, const
   const int64_t max_context = std::max<int64_t>(1, s.max_blocks * s.block_size);
   const int64_t max_queries = std::max<int64_t>(1, s.num_tokens - std::max<int64_t>(s.num_seqs, 1) + 1);
   const int64_t span_max = std::min<int64_t>(kMaxSpan, (max_context + kTokenGrain - 1) / kTokenGrain * kTokenGrain);
-  // A sequence with more than one query (a prefill chunk) needs T > B; the Cube multiplies 16-bit caches. In
-  // such a launch every item (decode ones too, their rows padded to 16) goes through the Cube.
-  p.cube = s.num_tokens > std::max<int64_t>(s.num_seqs, 1) && s.cache_elem_bytes == 2 ? 1 : 0;
+  // A sequence with more than one query (a prefill chunk) needs T > B. In such a launch every item (decode ones
+  // too, their rows padded to 16) goes through the Cube; int8 rows are widened to 16 bits (exact) by the AIVs.
+  p.cube = s.num_tokens > std::max<int64_t>(s.num_seqs, 1) ? 1 : 0;
   for (int64_t head_tile = group; head_tile >= 1 && p.ub_bytes == 0; --head_tile) {
     if (group % head_tile) continue;
     p.head_tile = static_cast<uint32_t>(head_tile);
@@ -145,7 +150,9 @@ inline PagedAttentionPlan PlanPagedAttention(const PagedAttentionShape &s, const
   p.base_items = static_cast<uint32_t>(items);
   p.block_dim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(p.cores, items * p.kv_splits)));
   p.partial_bytes = p.kv_splits > 1 ? Align(uint64_t{p.q_tile} * p.head_tile * s.head_dim * 4) + 2 * p.stats_bytes : 0;
-  p.workspace_bytes = uint64_t{p.block_dim} * p.ws_core_bytes + uint64_t(items) * p.kv_splits * p.partial_bytes;
+  // Partials: one per (item, part), per AIV of a group in a mixed launch (each holds half of the item's rows).
+  const uint64_t partials = uint64_t(items) * p.kv_splits * (p.cube ? kAivPerGroup : 1);
+  p.workspace_bytes = uint64_t{p.block_dim} * p.ws_core_bytes + partials * p.partial_bytes;
   return p;
 }
 

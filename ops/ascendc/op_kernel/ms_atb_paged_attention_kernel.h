@@ -15,6 +15,12 @@ using namespace AscendC;
 constexpr float kNoScore = -1.0e30f;  // the running maximum before any score: finite, so m - m stays 0
 constexpr uint32_t kFrac = 16;        // rows / columns of a 16-bit fractal
 constexpr uint32_t kFracElems = 256;
+constexpr int64_t kAivPerGroup = 2;   // a mixed launch's group: one AIC (Cube) and two AIVs (vector)
+// Cross-core flags of a mixed launch (mode 2: between the AIC and the AIVs of a group), one hand-off each.
+constexpr uint16_t kFlagScores = 0;  // AIC -> AIVs: the span's scores are in the workspace
+constexpr uint16_t kFlagProbs = 1;   // AIVs -> AIC: both halves of P are in the workspace
+constexpr uint16_t kFlagPv = 2;      // AIC -> AIVs: P x V is in the workspace
+constexpr uint16_t kFlagKv = 3;      // AIVs -> AIC: the span's int8 K and V rows are in the workspace, widened
 
 template <typename T, typename C>  // T: queries and output (half / bfloat16_t); C: caches (T, or int8_t)
 class PagedAttentionKernel {
@@ -46,8 +52,13 @@ class PagedAttentionKernel {
       ws_f_.SetGlobalBuffer((__gm__ float *)workspace, td.ws_bytes / sizeof(float));
       ws_t_.SetGlobalBuffer((__gm__ T *)workspace, td.ws_bytes / sizeof(T));
     }
-    if (!td.cube) {
-      pipe_.InitBuffer(q_in_, 1, td.q_bytes);
+    subs_ = td.cube ? kAivPerGroup : 1;
+    if (td.cube && ASCEND_IS_AIC) {  // the mixed form: the AIC holds the Cube's buffers, each AIV a unified buffer
+      InitCubeBuffers();
+      return;
+    }
+    if (!td.cube) pipe_.InitBuffer(q_in_, 1, td.q_bytes);
+    if (!td.cube || td.quant) {  // the vector unit reads the cache (on a mixed launch: int8 rows to widen)
       pipe_.InitBuffer(k_in_, 2, td.kv_bytes);
       pipe_.InitBuffer(v_in_, 2, td.kv_bytes);
       pipe_.InitBuffer(kf_buf_, td.kv_f32_bytes);
@@ -64,25 +75,20 @@ class PagedAttentionKernel {
     pipe_.InitBuffer(work_buf_, td.work_bytes);
     pipe_.InitBuffer(dot_buf_, td.work_bytes);
     if (td.stage_bytes) pipe_.InitBuffer(stage_buf_, td.stage_bytes);
-    if (td.cube) {
-      pipe_.InitBuffer(p_buf_, td.p_bytes);
-      pipe_.InitBuffer(q_l1_, 1, td.q_l1_bytes);
-      pipe_.InitBuffer(p_l1_, 1, td.p_l1_bytes);
-      pipe_.InitBuffer(k_l1_, 1, td.kv_l1_bytes);
-      pipe_.InitBuffer(v_l1_, 1, td.kv_l1_bytes);
-      pipe_.InitBuffer(q_l0a_, 1, td.q_l0a_bytes);
-      pipe_.InitBuffer(p_l0a_, 1, td.p_l0a_bytes);
-      pipe_.InitBuffer(k_l0b_, 1, td.kv_l0b_bytes);
-      pipe_.InitBuffer(v_l0b_, 1, td.kv_l0b_bytes);
-      pipe_.InitBuffer(s_l0c_, 1, td.s_l0c_bytes);
-      pipe_.InitBuffer(pv_l0c_, 1, td.pv_l0c_bytes);
-    }
+    if (td.cube) pipe_.InitBuffer(p_buf_, td.p_bytes);
   }
 
+  // Work items go round robin to the vector cores of a vector-only launch, or to the groups of a mixed one,
+  // whose AIC and both AIVs walk the same items (each AIV takes half of an item's queries).
   __aicore__ inline void Process() {
-    const int64_t core = GetBlockIdx(), cores = t_.block_dim;
+    if (t_.cube && ASCEND_IS_AIC) {
+      ProcessCube();
+      return;
+    }
+    const int64_t aiv = GetBlockIdx(), cores = t_.block_dim, core = aiv / subs_, aivs = cores * subs_;
+    sub_ = static_cast<uint32_t>(aiv % subs_);
     const uint32_t group = t_.num_heads / t_.num_kv_heads, head_splits = group / t_.head_tile;
-    int64_t unit = 0;
+    int64_t unit = 0, zero = 0;
     uint32_t item = 0;
     for (uint32_t b = 0; b < t_.num_seqs; ++b) {
       const int32_t q0 = starts_.GetValue(b), nq = starts_.GetValue(b + 1) - q0;
@@ -95,51 +101,74 @@ class PagedAttentionKernel {
     // Rows before the first sequence and after the last one.
     const int32_t first = starts_.GetValue(0), last = starts_.GetValue(t_.num_seqs);
     for (uint32_t row = 0; row < t_.num_tokens; ++row)
-      if ((row < static_cast<uint32_t>(first) || row >= static_cast<uint32_t>(last)) && unit++ % cores == core)
+      if ((row < static_cast<uint32_t>(first) || row >= static_cast<uint32_t>(last)) && zero++ % aivs == aiv)
         ZeroRow(row);
     if (t_.kv_splits == 1) return;
-    SyncAll();  // every part is in the workspace
+    SyncAll();  // every part is in the workspace (the AIVs' barrier: the AICs take no part in the merge)
     item = 0;
     for (uint32_t b = 0; b < t_.num_seqs; ++b) {
       const int32_t q0 = starts_.GetValue(b), nq = starts_.GetValue(b + 1) - q0;
       for (int32_t qt = 0; qt < nq; qt += t_.q_tile)
         for (uint32_t g = 0; g < t_.num_kv_heads; ++g)
           for (uint32_t hs = 0; hs < head_splits; ++hs, ++item)
-            if (item % cores == core) Merge(q0, nq, qt, g * group + hs * t_.head_tile, item);
+            for (uint32_t s = 0; s < subs_; ++s)
+              if ((int64_t{item} * subs_ + s) % aivs == aiv) Merge(q0, nq, qt, g * group + hs * t_.head_tile, item, s);
     }
   }
 
  private:
   // Queries qt..qt+q_tile of sequence b, query heads head0..head0+head_tile (KV head g), over part `split`
   // of the cache tokens they see.
+  // (On an AIV of a mixed launch: its half of the queries, the Cube's products read from the workspace.)
   __aicore__ inline void Attend(uint32_t b, int32_t q0, int32_t nq_seq, int32_t qt, uint32_t g, uint32_t head0,
                                 uint32_t item, uint32_t split) {
     const uint32_t D = t_.head_dim, S = t_.span;
-    const int32_t nq = nq_seq - qt < static_cast<int32_t>(t_.q_tile) ? nq_seq - qt : t_.q_tile;
-    const uint32_t rows = nq * t_.head_tile;  // row r = query r / head_tile, head head0 + r % head_tile
-    const int32_t first_pos = lens_.GetValue(b) - nq_seq + qt, last_pos = first_pos + nq - 1;
-    const int32_t per_split = ((last_pos + S) / S + t_.kv_splits - 1) / t_.kv_splits * S;  // whole spans
-    const int32_t begin = split * per_split;
-    const int32_t end = begin + per_split < last_pos + 1 ? begin + per_split : last_pos + 1;
-    const bool cube = t_.cube;  // a launch with prefill chunks takes every item through the Cube
+    int32_t nq_item, first_pos, begin, end;
+    ContextPart(b, nq_seq, qt, split, &nq_item, &first_pos, &begin, &end);
+    uint32_t qoff, nq;
+    Share(nq_item, sub_, &qoff, &nq);
+    const uint32_t rows = nq * t_.head_tile;  // row r = query qoff + r / head_tile, head head0 + r % head_tile
+    first_pos += qoff;
     LocalTensor<float> acc = acc_buf_.Get<float>(), m = m_buf_.Get<float>(), l = l_buf_.Get<float>();
-    Duplicate(acc, 0.0f, rows * D);
-    Duplicate(m, kNoScore, rows);
-    Duplicate(l, 0.0f, rows);
-    if (cube) LoadQueryCube(q0 + qt, nq, head0);
-    else LoadQueryVector(q0 + qt, nq, head0, rows);
-    if (begin < end && cube) {
-      for (int32_t s = begin; s < end; s += S) CubeSpan(b, g, s, end, first_pos, rows);
+    if (rows > 0) {
+      Duplicate(acc, 0.0f, rows * D);
+      Duplicate(m, kNoScore, rows);
+      Duplicate(l, 0.0f, rows);
+    }
+    if (t_.cube) {  // a launch with prefill chunks takes every item through the Cube
+      for (int32_t s = begin; s < end; s += S) SoftmaxSpan(b, g, s, end, first_pos, qoff, rows);
     } else if (begin < end) {
+      LoadQueryVector(q0 + qt, nq, head0, rows);
       CopyIn(b, g, begin, end);
       for (int32_t s = begin; s < end; s += S) {
         if (s + static_cast<int32_t>(S) < end) CopyIn(b, g, s + S, end);
         VectorSpan(b, g, s, end, first_pos, rows);
       }
     }
-    if (cube) q_l0a_.FreeTensor(q_a_);
-    if (t_.kv_splits == 1) WriteOut(q0 + qt, nq, head0, rows);
-    else WritePartial(item * t_.kv_splits + split, rows);
+    if (rows == 0) return;
+    if (t_.kv_splits == 1) WriteOut(q0 + qt + qoff, nq, head0, rows);
+    else WritePartial((item * t_.kv_splits + split) * subs_ + sub_, rows);
+  }
+
+  // The queries (nq_item of them, from qt), the position of the first one in the context, and the cache tokens
+  // [begin, end) of part `split` of an item: its kv_splits parts are runs of whole spans.
+  __aicore__ inline void ContextPart(uint32_t b, int32_t nq_seq, int32_t qt, uint32_t split, int32_t *nq_item,
+                                     int32_t *first_pos, int32_t *begin, int32_t *end) {
+    const int32_t S = t_.span;
+    *nq_item = nq_seq - qt < static_cast<int32_t>(t_.q_tile) ? nq_seq - qt : t_.q_tile;
+    *first_pos = lens_.GetValue(b) - nq_seq + qt;
+    const int32_t last_pos = *first_pos + *nq_item - 1;
+    const int32_t per_split = ((last_pos + S) / S + t_.kv_splits - 1) / t_.kv_splits * S;
+    *begin = split * per_split;
+    *end = *begin + per_split < last_pos + 1 ? *begin + per_split : last_pos + 1;
+  }
+
+  // The queries [*qoff, *qoff + *nq) of an item's nq_item that AIV `sub` of its group takes (all of them on a
+  // vector-only launch).
+  __aicore__ inline void Share(int32_t nq_item, uint32_t sub, uint32_t *qoff, uint32_t *nq) {
+    const uint32_t n = static_cast<uint32_t>(nq_item), half = (n + subs_ - 1) / subs_;
+    *qoff = sub * half < n ? sub * half : n;
+    *nq = n - *qoff < half ? n - *qoff : half;
   }
 
   __aicore__ inline void LoadQueryVector(int32_t row0, int32_t nq, uint32_t head0, uint32_t rows) {
@@ -308,15 +337,17 @@ class PagedAttentionKernel {
   }
 
   // The parts of one item merged: M = max m_j, acc = sum acc_j e^(m_j - M), l = sum l_j e^(m_j - M).
-  __aicore__ inline void Merge(int32_t q0, int32_t nq_seq, int32_t qt, uint32_t head0, uint32_t item) {
+  __aicore__ inline void Merge(int32_t q0, int32_t nq_seq, int32_t qt, uint32_t head0, uint32_t item, uint32_t sub) {
     const uint32_t D = t_.head_dim, stats = t_.stats_bytes / sizeof(float);
-    const int32_t nq = nq_seq - qt < static_cast<int32_t>(t_.q_tile) ? nq_seq - qt : t_.q_tile;
+    uint32_t qoff, nq;
+    Share(nq_seq - qt < static_cast<int32_t>(t_.q_tile) ? nq_seq - qt : t_.q_tile, sub, &qoff, &nq);
     const uint32_t rows = nq * t_.head_tile;
+    if (rows == 0) return;
     LocalTensor<float> acc = acc_buf_.Get<float>(), m = m_buf_.Get<float>(), l = l_buf_.Get<float>();
     LocalTensor<float> m_new = m_new_buf_.Get<float>(), alpha = alpha_buf_.Get<float>();
     LocalTensor<float> part = qf_buf_.Get<float>(), mj = scores_buf_.Get<float>(), lj = mj[stats];
     for (uint32_t j = 0; j < t_.kv_splits; ++j) {
-      const uint64_t at = PartialAt(item * t_.kv_splits + j);
+      const uint64_t at = PartialAt((item * t_.kv_splits + j) * subs_ + sub);
       const bool first = j == 0;
       DataCopy(first ? acc : part, ws_f_[at], rows * D);
       DataCopy(first ? m : mj, ws_f_[at + PartialRows()], stats);
@@ -338,7 +369,7 @@ class PagedAttentionKernel {
         Axpy(acc[r * D], part[r * D], mj.GetValue(r), D);
       }
     }
-    WriteOut(q0 + qt, nq, head0, rows);
+    WriteOut(q0 + qt + qoff, nq, head0, rows);
   }
 
   __aicore__ inline void ZeroRow(uint32_t row) {
@@ -367,6 +398,7 @@ class PagedAttentionKernel {
   TQue<QuePosition::B2, 1> k_l0b_, v_l0b_;
   TQue<QuePosition::CO1, 1> s_l0c_, pv_l0c_;
   LocalTensor<T> q_a_;  // the item's queries in L0A (zZ), held over its spans
+  uint32_t subs_ = 1, sub_ = 0;  // AIVs per group of the launch, and this AIV's index in its group
   GlobalTensor<T> query_, out_, key_t_, value_t_, ws_t_;
   GlobalTensor<C> key_, value_;
   GlobalTensor<int32_t> tables_, lens_, starts_;

@@ -138,6 +138,7 @@ extern "C" __global__ __aicore__ void ms_atb_reshape_and_cache(GM_ADDR key, GM_A
                                                                GM_ADDR value_cache, GM_ADDR slot_mapping,
                                                                GM_ADDR key_scale_cache, GM_ADDR value_scale_cache,
                                                                GM_ADDR done, GM_ADDR workspace, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   GET_TILING_DATA_WITH_STRUCT(MsAtbReshapeAndCacheTilingData, td, tiling);
 #define MS_ATB_RUN(T, C)                                                                                          \
   {                                                                                                               \
