@@ -1,7 +1,8 @@
-"""The elementwise parts of a decoder layer: RMSNorm, rotary embedding, SwiGLU.
+"""The elementwise parts of a decoder layer: RMSNorm (alone or after the residual add), rotary embedding,
+SwiGLU.
 
 On the CPU in float32 each is one aot kernel (ops/elementwise.cc): a MindSpore CPU op costs ~25 us of
-dispatch whatever its size, and these replace 8, 10 and 3 ops per layer. Elsewhere (Ascend, or another
+dispatch whatever its size, and these replace 8, 9, 10 and 3 ops per layer. Elsewhere (Ascend, or another
 dtype) each is the same formula in MindSpore ops.
 """
 import mindspore as ms
@@ -33,6 +34,25 @@ class RmsNorm(nn.Cell):
         x32 = x.astype(ms.float32)
         var = ops.mean(x32 * x32, -1, keep_dims=True)
         return (x32 * ops.rsqrt(var + self.eps)).astype(x.dtype) * weight
+
+
+class AddRmsNorm(nn.Cell):
+    """add_norm(x [T, H], residual [T, H], weight [H]) -> (h [T, H], norm(h) [T, H]), h = x + residual: a
+    decoder layer's residual add and the RMSNorm after it (RmsNorm's formula)."""
+
+    def __init__(self, eps: float, dtype=ms.float32, device: str = "cpu"):
+        super().__init__()
+        self.fused = _fused(device, dtype)
+        self.norm = RmsNorm(eps, dtype, device)
+        if self.fused:
+            self.op = build.aot_op("AddRmsNorm", ("x", "residual", "weight", "eps"), (ms.float32, ms.float32),
+                                   lambda x, *_: (x, x))
+
+    def construct(self, x, residual, weight):
+        if self.fused:
+            return self.op(x, residual, weight, self.norm.eps_t)
+        h = x + residual
+        return h, self.norm(h, weight)
 
 
 class RotaryEmbedding(nn.Cell):
