@@ -43,7 +43,7 @@ def build(args, fused):
     try:
         bs = 16
         blocks = (args.ctx + bs - 1) // bs
-        return ModelRunner(EngineConfig.load(None, path=smollm2_path(), num_blocks=args.batch * blocks,
+        return ModelRunner(EngineConfig.load(None, path=args.model or smollm2_path(), num_blocks=args.batch * blocks,
                                              block_size=bs, max_num_seqs=args.batch,
                                              max_num_batched_tokens=max(args.batch * args.new, 1),
                                              max_model_len=blocks * bs)), blocks
@@ -57,9 +57,12 @@ def main():
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--new", type=int, default=1)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--model", help="model path (default: the embedded SmolLM2); e.g. "
+                    "'random:tiny-llama?num_hidden_layers=30', where a step is almost all op dispatch")
+    ap.add_argument("--fused-first", action="store_true", help="build and compile the fused model first")
     args = ap.parse_args()
     runners = {}
-    for name in ("unfused", "fused"):
+    for name in ("fused", "unfused") if args.fused_first else ("unfused", "fused"):
         runners[name], blocks = build(args, name == "fused")
     assert all(layer.self_attn.fused for layer in runners["fused"].model.layers)
     assert not any(layer.self_attn.fused for layer in runners["unfused"].model.layers)
