@@ -7,7 +7,8 @@ from mindspore import nn, ops
 from ms_atb.models.llama_config import LlamaConfig
 from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
                                     num_kv_heads_per_rank)
-from ms_atb.ops import AddRmsNorm, PagedAttention, ReshapeAndCache, RmsNorm, RopeAndCache, RotaryEmbedding, SwiGlu
+from ms_atb.ops import (AddRmsNorm, CachedAttention, PagedAttention, ReshapeAndCache, RmsNorm, RotaryEmbedding,
+                        SwiGlu)
 from ms_atb.ops.backends import resolve_backend
 
 
@@ -48,16 +49,16 @@ class LlamaAttention(nn.Cell):
         if self.has_qk_norm:  # weights [D], the same on every rank
             self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
-        # Our CPU kernels in float32: rotary embedding, q/k/v split and cache write are one op, and the
-        # attention reads q [T, H D] as it is; elsewhere one op each, with the reshapes between them.
+        # Our CPU kernels in float32: rotary embedding, q/k/v split, cache write and attention are one op;
+        # elsewhere one op each, with the reshapes between them.
         self.fused = device == "cpu" and dtype == ms.float32 and resolve_backend(device, attention_backend) == "cpu"
         if self.fused:
-            self.rope_and_cache = RopeAndCache(quantized)
+            self.cached_attn = CachedAttention(d ** -0.5, quantized)
         else:
             self.rope = RotaryEmbedding(self.num_heads + self.num_kv_heads, d, dtype, device)
             self.reshape_and_cache = ReshapeAndCache(device=device, backend=attention_backend, quantized=quantized)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device,
-                                   backend=attention_backend, quantized=quantized)
+            self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device,
+                                       backend=attention_backend, quantized=quantized)
 
     def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
@@ -71,10 +72,8 @@ class LlamaAttention(nn.Cell):
             k = self.k_norm(k.reshape(t * self.num_kv_heads, self.head_dim)).reshape(t, self.kv_size)
             qkv = ops.concat((q, k, v), -1)  # [T, q + 2 kv]
         if self.fused:
-            q = self.rope_and_cache(qkv, cos, sin, perm, key_cache, value_cache, slot_mapping, key_scale_cache,
-                                    value_scale_cache)  # [T, q] rotated; k rotated and v written to the caches
-            o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc, key_scale_cache,
-                          value_scale_cache)  # [T, q]
+            o = self.cached_attn(qkv, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables, context_lens,
+                                 query_start_loc, key_scale_cache, value_scale_cache)  # [T, q]
             return self.o_proj(o, rows)
         qkv = self.rope(qkv, cos, sin, perm)  # [T, q + 2 kv], q and k rotated
         q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)

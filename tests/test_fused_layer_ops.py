@@ -1,6 +1,7 @@
 """The fused ops of a decoder layer's CPU float32 path against numpy inside graph-mode Cells: AddRmsNorm (the
 residual add and the next norm), RopeAndCache (rotary embedding, q/k/v split and the cache write, every cache
-dtype), PagedAttention on [T, H * D]; their argument checks; the model takes the fused path only where it applies."""
+dtype), PagedAttention on [T, H * D], CachedAttention (both in one op); their argument checks; the model takes
+the fused path only where it applies."""
 import ctypes
 
 import mindspore as ms
@@ -10,7 +11,7 @@ from mindspore import Parameter, Tensor, nn
 
 from ms_atb.models.llama import LlamaConfig, rope_tables
 from ms_atb.models.llama_layers import LlamaAttention
-from ms_atb.ops import AddRmsNorm, PagedAttention, RopeAndCache, build
+from ms_atb.ops import AddRmsNorm, CachedAttention, PagedAttention, RopeAndCache, build
 from ops_reference import (dequantize_ref, paged_attention_ref, reshape_and_cache_int8_ref, reshape_and_cache_ref,
                            rms_norm_ref, rope_ref)
 
@@ -150,6 +151,60 @@ def test_paged_attention_takes_a_flat_query():
     assert not flat[4].any()
 
 
+class CachedCell(nn.Cell):
+    """CachedAttention alone, over caches held as Parameters."""
+
+    def __init__(self, cache_dtype):
+        super().__init__()
+        self.cache = RopeCacheCell(cache_dtype)  # holds the caches
+        self.op = CachedAttention(D ** -0.5, cache_dtype == ms.int8)
+
+    def construct(self, qkv, cos, sin, perm, slot_mapping, block_tables, context_lens, query_start_loc):
+        c = self.cache
+        return self.op(qkv, cos, sin, perm, c.key_cache, c.value_cache, slot_mapping, block_tables, context_lens,
+                       query_start_loc, c.key_scales, c.value_scales)
+
+
+class TwoOps(nn.Cell):
+    """RopeAndCache then PagedAttention: what CachedAttention does in one op."""
+
+    def __init__(self, cache_dtype):
+        super().__init__()
+        self.cache = RopeCacheCell(cache_dtype)
+        self.pa = PagedAttention(HEADS, KV_HEADS, D, D ** -0.5, quantized=cache_dtype == ms.int8)
+
+    def construct(self, qkv, cos, sin, perm, slot_mapping, block_tables, context_lens, query_start_loc):
+        c = self.cache
+        q = c(qkv, cos, sin, perm, slot_mapping)
+        return self.pa(q, c.key_cache, c.value_cache, block_tables, context_lens, query_start_loc, c.key_scales,
+                       c.value_scales)
+
+
+@pytest.mark.parametrize("cache", list(CACHE_DTYPES))
+def test_cached_attention_is_rope_and_cache_then_paged_attention(cache):
+    # A 3-token prefill chunk after 6 cached tokens (blocks 2, 0, 5) and a decode token after 2 (block 1); row 4 is
+    # padding. The rotary positions are random: the ops take the tables' rows as given.
+    inputs, rotated = rope_inputs(5, False, 7)
+    slots = np.array([0 * BS + 2, 0 * BS + 3, 5 * BS + 0, 1 * BS + 2, -1], np.int32)
+    tables = np.array([[2, 0, 5], [1, 3, 4]], np.int32)
+    lens = np.array([9, 3], np.int32)
+    qsl = np.array([0, 3, 4], np.int32)
+    args = [Tensor(a) for a in (*inputs, slots, tables, lens, qsl)]
+    fused, two = CachedCell(CACHE_DTYPES[cache][0]), TwoOps(CACHE_DTYPES[cache][0])
+    out = fused(*args).asnumpy()
+    assert out.shape == (5, HEADS * D) and not out[4].any()
+    assert np.array_equal(out, two(*args).asnumpy())
+    for name in ("key_cache", "value_cache") + (("key_scales", "value_scales") if cache == "int8" else ()):
+        assert np.array_equal(getattr(fused.cache, name).float().asnumpy(), getattr(two.cache, name).float().asnumpy())
+    if cache == "float32":  # against numpy: caches hold 7s where nothing was written
+        key = rotated[:, HEADS:]
+        value = inputs[0][:, (HEADS + KV_HEADS) * D:].reshape(5, KV_HEADS, D)
+        base = np.full((NB, BS, KV_HEADS, D), 7.0)
+        kc, vc = reshape_and_cache_ref(key, value, base, base, slots)
+        ref = paged_attention_ref(rotated[:, :HEADS], kc, vc, tables, lens, qsl, D ** -0.5)
+        close(out, ref.reshape(5, HEADS * D), 1e-5)
+
+
 def kernel_status(name, arrays):
     return build.call_kernel(getattr(ctypes.CDLL(build.kernel_library()), name), arrays)
 
@@ -170,6 +225,12 @@ def test_rope_and_cache_rejects_bad_arguments():
     assert status(slots=np.array([0, 1, NB * BS], np.int32)) != 0  # past the cache
     assert status(caches=[c.astype(np.int8) for c in caches]) != 0  # int8 needs the Quant form's scales
     assert status(slots=slots.astype(np.int64)) != 0
+    tables, lens, qsl, scale = np.zeros((1, 2), np.int32), np.array([3], np.int32), np.array([0, 3], np.int32), \
+        np.array([D ** -0.5], np.float32)
+    out = np.zeros((3, HEADS * D), np.float32)
+    assert kernel_status("CachedAttention", [qkv, cos, sin, perm, *caches, slots, tables, lens, qsl, scale, out]) == 0
+    assert kernel_status("CachedAttention", [qkv, cos, sin, perm, *caches, slots, tables, lens[:0], qsl, scale,
+                                             out]) != 0  # the attention's own checks run too
 
 
 @pytest.mark.parametrize("dtype,backend,fused", [(ms.float32, "cpu", True), (ms.float32, None, True),
@@ -179,4 +240,4 @@ def test_attention_fuses_only_on_the_cpu_backend_in_float32(dtype, backend, fuse
                          num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=D)
     attn = LlamaAttention(config, dtype, "cpu", 1, 0, backend)
     assert attn.fused == fused
-    assert hasattr(attn, "rope_and_cache") == fused and hasattr(attn, "reshape_and_cache") != fused
+    assert hasattr(attn, "cached_attn") == fused and hasattr(attn, "reshape_and_cache") != fused
