@@ -8,6 +8,7 @@ from ms_atb.models.gguf_reader import GGUFBlocks
 from ms_atb.models.llama_config import LlamaConfig, rope_inv_freq, rope_tables
 from ms_atb.models.llama_layers import RMSNorm, LlamaDecoderLayer
 from ms_atb.models.parallel import ColumnParallelLinear, num_kv_heads_per_rank
+from ms_atb.ops import LastTokenNorm
 
 __all__ = ["LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq", "rope_tables"]
 
@@ -42,6 +43,7 @@ class LlamaForCausalLM(nn.Cell):
                                                                   "mlp.gate_proj", "mlp.down_proj")))
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
+        self.last_token_norm = LastTokenNorm(config.rms_norm_eps, dtype, device)
         # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
         self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device, fmt("lm_head.weight"))
         cos, sin, perm = rope_tables(config)
@@ -61,8 +63,9 @@ class LlamaForCausalLM(nn.Cell):
         self.key_scale_caches = caches("key_scale_cache", shape[:3], ms.float32) if self.quantized else None
         self.value_scale_caches = caches("value_scale_cache", shape[:3], ms.float32) if self.quantized else None
 
-    def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
-        """The last decoder layer's output [T, hidden] (before the final norm); writes the KV cache."""
+    def layers_out(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        """The last decoder layer's MLP output and the residual [T, hidden] each (their sum is the layer's
+        output, before the final norm); writes the KV cache."""
         h = ops.gather(self.embed_tokens, input_ids, 0)  # [T, hidden]
         cos = ops.gather(self.cos, positions, 0)  # [T, D]
         sin = ops.gather(self.sin, positions, 0)  # [T, D]
@@ -77,16 +80,20 @@ class LlamaForCausalLM(nn.Cell):
             else:
                 h, residual = layer(h, residual, cos, sin, self.perm, self.key_caches[i], self.value_caches[i],
                                     slot_mapping, block_tables, context_lens, query_start_loc, rows)
+        return h, residual
+
+    def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        """The last decoder layer's output [T, hidden] (before the final norm); writes the KV cache."""
+        h, residual = self.layers_out(input_ids, positions, slot_mapping, block_tables, context_lens,
+                                      query_start_loc)
         return h + residual
 
     def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
-        h = self.hidden_states(input_ids, positions, slot_mapping, block_tables, context_lens,
-                               query_start_loc)  # [T, hidden]
-        last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
-        h = self.norm(ops.gather(h, last, 0))  # [B, hidden]
-        # Real sequences come first and own >= 1 token; padded ones own none: lm_head skips them.
-        seqs = (query_start_loc[1:] > query_start_loc[:-1]).astype(ms.int32).sum(0, keepdims=True)
-        seqs = seqs.astype(ms.int32)  # [1]: the sum may widen to int64
+        h, residual = self.layers_out(input_ids, positions, slot_mapping, block_tables, context_lens,
+                                      query_start_loc)  # [T, hidden] each
+        # Each sequence's last token, normed [B, hidden]; real sequences come first and own >= 1 token,
+        # padded ones own none: lm_head skips them (seqs int32 [1]: the real ones).
+        h, seqs = self.last_token_norm(h, residual, query_start_loc, self.norm.weight)
         return self.lm_head(h, seqs).astype(ms.float32)  # [B, V], padded sequences' rows zero
 
     def _weight_targets(self) -> dict:

@@ -3,6 +3,9 @@
 //   RmsNorm(x [T, H], weight [H], eps [1]) -> [T, H]: x * rsqrt(mean(x^2) + eps) * weight
 //   AddRmsNorm(x [T, H], residual [T, H], weight [H], eps [1]) -> (h [T, H], RmsNorm(h) [T, H]),
 //     h = x + residual: a residual add and the next norm in one kernel
+//   LastTokenNorm(x [T, H], residual [T, H], query_start_loc [B + 1] int32, weight [H], eps [1])
+//     -> (y [B, H], seqs [1] int32): y[b] = RmsNorm(x + residual) of row max(query_start_loc[b + 1] - 1, 0),
+//     each sequence's last token; seqs counts the sequences that own a token (query_start_loc rises)
 //   RotaryEmbedding(qkv [T, W], cos [T, D], sin [T, D], perm [D] int32, rotated_heads [1] int32)
 //     -> [T, W]: the first rotated_heads heads of D columns become x * cos + x[perm] * sin (perm and the
 //     signs folded into sin encode rotate-half or interleaved pairs), the other columns are copied
@@ -101,6 +104,42 @@ extern "C" int AddRmsNorm(int nparam, void **params, int *ndims, int64_t **shape
       NormRow(hr, w, eps, H, y + r * H);
     }
   });
+  return 0;
+}
+
+extern "C" int LastTokenNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                             void *stream, void *extra) {
+  ms_atb::KernelScope profile_scope("LastTokenNorm");
+  const char *op = "LastTokenNorm";
+  if (nparam != 7) return Fail(op, "expected 5 inputs and 2 outputs");
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1 || ndims[3] != 1 || shapes[1][0] != shapes[0][0] ||
+      shapes[1][1] != shapes[0][1] || shapes[3][0] != shapes[0][1] || shapes[4][0] != 1 || shapes[2][0] < 1)
+    return Fail(op, "expected x [T, H], residual [T, H], query_start_loc [B + 1], weight [H], eps [1]");
+  const int64_t T = shapes[0][0], H = shapes[0][1], B = shapes[2][0] - 1;
+  if (ndims[5] != 2 || shapes[5][0] != B || shapes[5][1] != H || ndims[6] != 1 || shapes[6][0] != 1)
+    return Fail(op, "outputs must be y [B, H] and seqs [1]");
+  if (!AllFloat32(dtypes, 2) || !AllFloat32(dtypes + 3, 3) ||
+      ms_atb::ParseDType(dtypes[2]) != ms_atb::DType::kInt32 || ms_atb::ParseDType(dtypes[6]) != ms_atb::DType::kInt32)
+    return Fail(op, "x, residual, weight, eps and y must be float32; query_start_loc and seqs int32");
+  const float *x = static_cast<const float *>(params[0]);
+  const float *res = static_cast<const float *>(params[1]);
+  const int32_t *qsl = static_cast<const int32_t *>(params[2]);
+  const float *w = static_cast<const float *>(params[3]);
+  const float eps = *static_cast<const float *>(params[4]);
+  float *y = static_cast<float *>(params[5]);
+  for (int64_t b = 0; b <= B; ++b)
+    if (qsl[b] < 0 || qsl[b] > T) return Fail(op, "query_start_loc entries must lie in [0, T]");
+  std::vector<float> h(static_cast<size_t>(H));
+  int32_t seqs = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    seqs += qsl[b + 1] > qsl[b];
+    const int64_t row = std::max<int64_t>(qsl[b + 1] - 1, 0);
+    const float *xr = x + row * H, *rr = res + row * H;
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) h[i] = xr[i] + rr[i];
+    NormRow(h.data(), w, eps, H, y + b * H);
+  }
+  *static_cast<int32_t *>(params[6]) = seqs;
   return 0;
 }
 

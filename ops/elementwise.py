@@ -55,6 +55,28 @@ class AddRmsNorm(nn.Cell):
         return h, self.norm(h, weight)
 
 
+class LastTokenNorm(nn.Cell):
+    """last(x [T, H], residual [T, H], query_start_loc [B + 1] int32, weight [H]) -> (y [B, H], seqs [1] int32):
+    y[b] = norm(x + residual) at row max(query_start_loc[b + 1] - 1, 0), sequence b's last token; seqs counts
+    the sequences that own a token (query_start_loc rises). The top of a causal LM before its lm_head."""
+
+    def __init__(self, eps: float, dtype=ms.float32, device: str = "cpu"):
+        super().__init__()
+        self.fused = _fused(device, dtype)
+        self.norm = RmsNorm(eps, dtype, device)
+        if self.fused:
+            self.op = build.aot_op("LastTokenNorm", ("x", "residual", "query_start_loc", "weight", "eps"),
+                                   (ms.float32, ms.int32), lambda x, r, qsl, *_: ([qsl[0] - 1, x[1]], [1]))
+
+    def construct(self, x, residual, query_start_loc, weight):
+        if self.fused:
+            return self.op(x, residual, query_start_loc, weight, self.norm.eps_t)
+        last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
+        y = self.norm(ops.gather(x + residual, last, 0), weight)  # [B, H]
+        seqs = (query_start_loc[1:] > query_start_loc[:-1]).astype(ms.int32).sum(0, keepdims=True)
+        return y, seqs.astype(ms.int32)  # [1]: the sum may widen to int64
+
+
 class RotaryEmbedding(nn.Cell):
     """rope(qkv [T, W], cos [T, D], sin [T, D], perm [D] int32) -> [T, W]: the first `rotated_heads` heads
     (q's, then k's) become x * cos + x[perm] * sin; the rest (v) is unchanged. The tables carry the signs,

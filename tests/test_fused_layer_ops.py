@@ -1,5 +1,5 @@
 """The fused ops of a decoder layer's CPU float32 path against numpy inside graph-mode Cells: AddRmsNorm (the
-residual add and the next norm), RopeAndCache (rotary embedding, q/k/v split and the cache write, every cache
+residual add and the next norm), LastTokenNorm (the final norm of each sequence's last token), RopeAndCache (rotary embedding, q/k/v split and the cache write, every cache
 dtype), PagedAttention on [T, H * D], CachedAttention (both in one op); their argument checks; the model takes
 the fused path only where it applies."""
 import ctypes
@@ -11,7 +11,7 @@ from mindspore import Parameter, Tensor, nn
 
 from ms_atb.models.llama import LlamaConfig, rope_tables
 from ms_atb.models.llama_layers import LlamaAttention
-from ms_atb.ops import AddRmsNorm, CachedAttention, PagedAttention, RopeAndCache, build
+from ms_atb.ops import AddRmsNorm, CachedAttention, LastTokenNorm, PagedAttention, RopeAndCache, build
 from ops_reference import (dequantize_ref, paged_attention_ref, reshape_and_cache_int8_ref, reshape_and_cache_ref,
                            rms_norm_ref, rope_ref)
 
@@ -60,6 +60,26 @@ def test_add_rms_norm_composite_float16():
     s, y = (o.asnumpy() for o in Apply(op)(Tensor(x), Tensor(residual), Tensor(weight)))
     assert s.dtype == y.dtype == np.float16
     close(y, rms_norm_ref(x.astype(np.float32) + residual, weight, 1e-6), 5e-3)
+
+
+@pytest.mark.parametrize("dtype", [ms.float32, ms.float16])
+def test_last_token_norm(dtype):
+    rng = np.random.default_rng(4)
+    npt = np.float32 if dtype == ms.float32 else np.float16
+    x, residual = (rng.standard_normal((8, 64)).astype(npt) for _ in range(2))
+    weight = (1 + 0.1 * rng.standard_normal(64)).astype(npt)
+    qsl = np.array([0, 3, 4, 7, 7, 7], np.int32)  # 3 real sequences, 2 padded ones (no token); rows 7.. padding
+    op = LastTokenNorm(1e-6, dtype)
+    assert op.fused == (dtype == ms.float32)
+    y, seqs = (o.asnumpy() for o in Apply(op)(Tensor(x), Tensor(residual), Tensor(qsl), Tensor(weight)))
+    assert y.shape == (5, 64) and seqs.tolist() == [3]
+    rows = np.maximum(qsl[1:] - 1, 0)  # [2, 3, 6, 6, 6]
+    close(y, rms_norm_ref((x + residual)[rows], weight, 1e-6), 1e-5 if dtype == ms.float32 else 5e-3)
+    if dtype == ms.float32:  # a start past T is the kernel's error, not a read out of bounds
+        outs = [np.zeros((1, 64), np.float32), np.zeros(1, np.int32)]
+        eps = np.array([1e-6], np.float32)
+        assert kernel_status("LastTokenNorm", [x, residual, np.array([0, 8], np.int32), weight, eps, *outs]) == 0
+        assert kernel_status("LastTokenNorm", [x, residual, np.array([0, 9], np.int32), weight, eps, *outs]) != 0
 
 
 class RopeCacheCell(nn.Cell):
