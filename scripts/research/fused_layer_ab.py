@@ -3,7 +3,8 @@ cache write, residual add and norm) in ONE process, steps alternated, so both se
 
     .venv/bin/python scripts/research/fused_layer_ab.py --batch 1 --ctx 256 --steps 40
 The unfused model is built with the layers' fused-path choice turned off (the attention backend seen as
-another one and AddRmsNorm as Add + RmsNorm): the graph of one op per step of the formula. Prints each model's
+another one and AddRmsNorm as Add + RmsNorm): one op per step of the formula in every layer (the top of the
+graph, LastTokenNorm, is the same one op in both). Prints each model's
 first execute (graph compile), step min / median, the process's CPU time per step (all threads; with
 MS_ATB_NUM_THREADS=1 the kernels' pool does not spin, so it is the work done whatever the host's load), and
 the median of the paired differences.
