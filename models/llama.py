@@ -1,236 +1,16 @@
 """Llama for causal LM as MindSpore graph-mode Cells, attending over a paged KV cache."""
-import math
-from dataclasses import dataclass, field, fields
-
 import mindspore as ms
 from mindspore.common.initializer import initializer
 import numpy as np
 from mindspore import nn, ops
 
 from ms_atb.models.gguf_reader import GGUFBlocks
-from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
-                                    num_kv_heads_per_rank)
-from ms_atb.ops import PagedAttention, ReshapeAndCache, RmsNorm, RotaryEmbedding, SwiGlu
+from ms_atb.models.llama_config import LlamaConfig, rope_inv_freq, rope_tables
+from ms_atb.models.llama_layers import RMSNorm, LlamaDecoderLayer
+from ms_atb.models.parallel import ColumnParallelLinear, num_kv_heads_per_rank
+from ms_atb.ops import LastTokenNorm
 
-# freq_factors: llama.cpp's rope_freqs tensor (GGUF), one divisor per frequency ({"factors": [D/2]}).
-_ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "freq_factors")
-
-
-@dataclass
-class LlamaConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    rope_interleaved: bool = False
-    bos_token_id: int | None = None
-    eos_token_id: int | list | None = None
-    attention_bias: bool = False        # a bias on each of q/k/v_proj (Qwen2)
-    qk_norm: bool = False               # RMSNorm over each head of q and of k before RoPE (Qwen3)
-    sliding_window: int | None = None   # attention span (Mistral); the engine refuses longer contexts
-    extra: dict = field(default_factory=dict, repr=False)
-
-    def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
-        for name in ("rms_norm_eps", "rope_theta"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-                raise ValueError(f"LlamaConfig.{name} must be a finite number > 0, got {value!r}")
-        for name in ("tie_word_embeddings", "rope_interleaved", "attention_bias", "qk_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"LlamaConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
-                                                or isinstance(self.sliding_window, bool)
-                                                or self.sliding_window < 1):
-            raise ValueError(f"LlamaConfig.sliding_window must be null or a positive int, "
-                             f"got {self.sliding_window!r}")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
-            raise ValueError(f"LlamaConfig.rope_scaling must be null or a mapping, got {self.rope_scaling!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
-                             f"num_key_value_heads {self.num_key_value_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.rope_scaling is not None:
-            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind not in _ROPE_KINDS:
-                raise ValueError(f"rope_scaling type {kind!r} not supported; allowed: {_ROPE_KINDS}")
-
-    @classmethod
-    def from_hf_dict(cls, d: dict) -> "LlamaConfig":
-        """From an HF config.json dict; unknown keys are kept in `extra`."""
-        names = {f.name for f in fields(cls)} - {"extra"}
-        for key in ("hidden_size", "num_attention_heads"):     # head_dim may be derived from them
-            if not isinstance(d[key], int) or isinstance(d[key], bool) or d[key] < 1:
-                raise ValueError(f"LlamaConfig.{key} must be a positive int, got {d[key]!r}")
-        kwargs = {k: d[k] for k in names if k in d}
-        kwargs.setdefault("num_key_value_heads", d["num_attention_heads"])
-        if kwargs.get("head_dim") is None:
-            kwargs["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
-        return cls(**kwargs, extra={k: v for k, v in d.items() if k not in names})
-
-
-def rope_inv_freq(config: LlamaConfig) -> tuple[np.ndarray, float]:
-    """Inverse frequencies [head_dim/2] (float64) and the cos/sin scale, per config.rope_scaling."""
-    dim, base = config.head_dim, config.rope_theta
-    inv_freq = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    rs = config.rope_scaling or {}
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    factor = float(rs.get("factor", 1.0))
-    if kind == "linear":
-        return inv_freq / factor, 1.0
-    if kind == "freq_factors":
-        factors = np.asarray(rs.get("factors", ()), np.float64)
-        if factors.shape != inv_freq.shape or not np.all(factors > 0):
-            raise ValueError(f"rope_scaling freq_factors must be {len(inv_freq)} numbers > 0 "
-                             f"(head_dim / 2), got shape {factors.shape}")
-        return inv_freq / factors, 1.0
-    if kind == "llama3":
-        old = rs.get("original_max_position_embeddings", 8192)
-        low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
-        wavelen = 2 * math.pi / inv_freq
-        smooth = np.clip((old / wavelen - low) / (high - low), 0.0, 1.0)
-        scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        return np.where(wavelen > old / low, inv_freq / factor,
-                        np.where(wavelen < old / high, inv_freq, scaled)), 1.0
-    if kind == "yarn":
-        old = rs.get("original_max_position_embeddings", config.max_position_embeddings)
-        fast, slow = rs.get("beta_fast", 32), rs.get("beta_slow", 1)
-        mscale = rs.get("attention_factor") or 0.1 * math.log(factor) + 1.0
-
-        def corr(rot):
-            return dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
-        lo, hi = max(math.floor(corr(fast)), 0), min(math.ceil(corr(slow)), dim - 1)
-        ramp = np.clip((np.arange(dim // 2) - lo) / ((hi - lo) or 0.001), 0.0, 1.0)
-        extrapolation = 1.0 - ramp
-        return inv_freq / factor * ramp + inv_freq * extrapolation, mscale
-    # "dynamic" (NTK) changes nothing below max_position_embeddings, the table's length.
-    return inv_freq, 1.0
-
-
-def rope_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """cos [P, D], signed sin [P, D], perm [D]: rope(x) = x * cos + x[..., perm] * sin."""
-    inv_freq, scale = rope_inv_freq(config)
-    d = config.head_dim
-    angles = np.outer(np.arange(config.max_position_embeddings, dtype=np.float64), inv_freq)  # [P, D/2]
-    cos, sin = np.cos(angles) * scale, np.sin(angles) * scale
-    if config.rope_interleaved:  # pairs (2i, 2i+1)
-        perm = np.arange(d).reshape(-1, 2)[:, ::-1].reshape(-1)
-        cos_full = np.repeat(cos, 2, axis=1)
-        sin_full = np.stack([-sin, sin], axis=-1).reshape(len(sin), d)
-    else:  # halves (i, i + D/2)
-        perm = np.concatenate([np.arange(d // 2, d), np.arange(d // 2)])
-        cos_full = np.concatenate([cos, cos], axis=1)
-        sin_full = np.concatenate([-sin, sin], axis=1)
-    return cos_full.astype(np.float32), sin_full.astype(np.float32), perm.astype(np.int32)
-
-
-class RMSNorm(nn.Cell):
-    def __init__(self, size: int, eps: float, dtype, device):
-        super().__init__()
-        self.weight = ms.Parameter(ms.Tensor(np.ones(size), dtype), name="weight")  # [size]
-        self.norm = RmsNorm(eps, dtype, device)
-
-    def construct(self, x):  # [T, size]
-        return self.norm(x, self.weight)
-
-
-class LlamaAttention(nn.Cell):
-    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py); quantized: int8 caches."""
-
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False,
-                 formats=("float32", "float32")):
-        """formats: the weight formats of (qkv_proj, o_proj)."""
-        super().__init__()
-        d = config.head_dim
-        self.num_heads = num_heads_per_rank(config, tp_size)
-        self.num_kv_heads = num_kv_heads_per_rank(config, tp_size)
-        self.head_dim = d
-        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
-        self.qkv_proj = ColumnParallelLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
-                                             tp_size, tp_rank, dtype, device, formats[0])
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device, formats[1])
-        self.has_bias, self.has_qk_norm = config.attention_bias, config.qk_norm
-        if self.has_bias:  # [q + 2 kv] of this rank, in qkv_proj's column order
-            self.qkv_bias = ms.Parameter(initializer("zeros", (self.q_size + 2 * self.kv_size,), dtype),
-                                         name="qkv_bias")
-        if self.has_qk_norm:  # weights [D], the same on every rank
-            self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
-            self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
-        self.rope = RotaryEmbedding(self.num_heads + self.num_kv_heads, d, dtype, device)
-        self.reshape_and_cache = ReshapeAndCache(device=device, backend=attention_backend, quantized=quantized)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device,
-                                   backend=attention_backend, quantized=quantized)
-
-    def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
-        t = x.shape[0]
-        qkv = self.qkv_proj(x, rows)  # [T, q + 2 kv]
-        if self.has_bias:
-            qkv = qkv + self.qkv_bias
-        if self.has_qk_norm:
-            q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
-            q = self.q_norm(q.reshape(t * self.num_heads, self.head_dim)).reshape(t, self.q_size)  # [T, q]
-            k = self.k_norm(k.reshape(t * self.num_kv_heads, self.head_dim)).reshape(t, self.kv_size)
-            qkv = ops.concat((q, k, v), -1)  # [T, q + 2 kv]
-        qkv = self.rope(qkv, cos, sin, perm)  # [T, q + 2 kv], q and k rotated
-        q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
-        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        written = self.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping, key_scale_cache,
-                                         value_scale_cache)
-        q = ops.depend(q, written)
-        o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc, key_scale_cache,
-                      value_scale_cache)  # [T, H, D]
-        return self.o_proj(o.reshape(t, self.q_size), rows)
-
-
-class LlamaMLP(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, formats=("float32", "float32")):
-        """formats: the weight formats of (gate_up_proj, down_proj)."""
-        super().__init__()
-        self.inter = config.intermediate_size // tp_size
-        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (self.inter, self.inter),
-                                                 tp_size, tp_rank, dtype, device, formats[0])
-        self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype, device,
-                                           formats[1])
-        self.swiglu = SwiGlu(dtype, device)
-
-    def construct(self, x, rows):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
-        gate_up = self.gate_up_proj(x, rows)  # [T, 2 I/tp]
-        return self.down_proj(self.swiglu(gate_up), rows)  # swiglu: [T, I/tp]
-
-
-class LlamaDecoderLayer(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None,
-                 quantized=False, formats=("float32",) * 4):
-        """formats: the weight formats of (qkv_proj, o_proj, gate_up_proj, down_proj)."""
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized,
-                                        formats[:2])
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank, formats[2:])
-
-    def construct(self, h, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, perm, key_cache, value_cache,
-                               slot_mapping, block_tables, context_lens, query_start_loc, rows,
-                               key_scale_cache, value_scale_cache)
-        return h + self.mlp(self.post_attention_layernorm(h), rows)
+__all__ = ["LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq", "rope_tables"]
 
 
 class LlamaForCausalLM(nn.Cell):
@@ -263,6 +43,7 @@ class LlamaForCausalLM(nn.Cell):
                                                                   "mlp.gate_proj", "mlp.down_proj")))
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
+        self.last_token_norm = LastTokenNorm(config.rms_norm_eps, dtype, device)
         # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
         self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device, fmt("lm_head.weight"))
         cos, sin, perm = rope_tables(config)
@@ -282,31 +63,37 @@ class LlamaForCausalLM(nn.Cell):
         self.key_scale_caches = caches("key_scale_cache", shape[:3], ms.float32) if self.quantized else None
         self.value_scale_caches = caches("value_scale_cache", shape[:3], ms.float32) if self.quantized else None
 
-    def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
-        """The last decoder layer's output [T, hidden] (before the final norm); writes the KV cache."""
+    def layers_out(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        """The last decoder layer's MLP output and the residual [T, hidden] each (their sum is the layer's
+        output, before the final norm); writes the KV cache."""
         h = ops.gather(self.embed_tokens, input_ids, 0)  # [T, hidden]
         cos = ops.gather(self.cos, positions, 0)  # [T, D]
         sin = ops.gather(self.sin, positions, 0)  # [T, D]
         # Tokens past query_start_loc[-1] are bucket padding: the linears skip them (zero rows).
         rows = query_start_loc[-1:]  # int32 [1]
+        residual = None
         for i, layer in enumerate(self.layers):
             if self.quantized:  # [NB, BS, KVH] float32 each
-                h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
-                          block_tables, context_lens, query_start_loc, rows, self.key_scale_caches[i],
-                          self.value_scale_caches[i])
+                h, residual = layer(h, residual, cos, sin, self.perm, self.key_caches[i], self.value_caches[i],
+                                    slot_mapping, block_tables, context_lens, query_start_loc, rows,
+                                    self.key_scale_caches[i], self.value_scale_caches[i])
             else:
-                h = layer(h, cos, sin, self.perm, self.key_caches[i], self.value_caches[i], slot_mapping,
-                          block_tables, context_lens, query_start_loc, rows)
-        return h
+                h, residual = layer(h, residual, cos, sin, self.perm, self.key_caches[i], self.value_caches[i],
+                                    slot_mapping, block_tables, context_lens, query_start_loc, rows)
+        return h, residual
+
+    def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+        """The last decoder layer's output [T, hidden] (before the final norm); writes the KV cache."""
+        h, residual = self.layers_out(input_ids, positions, slot_mapping, block_tables, context_lens,
+                                      query_start_loc)
+        return h + residual
 
     def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
-        h = self.hidden_states(input_ids, positions, slot_mapping, block_tables, context_lens,
-                               query_start_loc)  # [T, hidden]
-        last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
-        h = self.norm(ops.gather(h, last, 0))  # [B, hidden]
-        # Real sequences come first and own >= 1 token; padded ones own none: lm_head skips them.
-        seqs = (query_start_loc[1:] > query_start_loc[:-1]).astype(ms.int32).sum(0, keepdims=True)
-        seqs = seqs.astype(ms.int32)  # [1]: the sum may widen to int64
+        h, residual = self.layers_out(input_ids, positions, slot_mapping, block_tables, context_lens,
+                                      query_start_loc)  # [T, hidden] each
+        # Each sequence's last token, normed [B, hidden]; real sequences come first and own >= 1 token,
+        # padded ones own none: lm_head skips them (seqs int32 [1]: the real ones).
+        h, seqs = self.last_token_norm(h, residual, query_start_loc, self.norm.weight)
         return self.lm_head(h, seqs).astype(ms.float32)  # [B, V], padded sequences' rows zero
 
     def _weight_targets(self) -> dict:

@@ -20,8 +20,9 @@ from pathlib import Path
 from ms_atb.ops.trusted_cache import file_digest, private_dir, record_digest, recorded_digest
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("elementwise.cc", "matmul.cc", "paged_attention.cc", "quant_matmul.cc", "reshape_and_cache.cc")
-HEADERS = ("attention_rows.h", "dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h", "thread_pool.h")
+SOURCES = ("cached_attention.cc", "elementwise.cc", "matmul.cc", "paged_attention.cc", "quant_matmul.cc", "reshape_and_cache.cc")
+HEADERS = ("attention_rows.h", "dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h", "rope_row.h",
+           "thread_pool.h")
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-fno-trapping-math", "-pthread")
 STALE_BUILD_S = 3600   # a temporary library this old belongs to a build that died
@@ -140,31 +141,39 @@ def call_kernel(fn, arrays) -> int:
     return fn(n, params, ndims, shapes, dtypes, None, None)
 
 
-def aot_op(func_name: str, input_names: tuple, out_dtype):
+def aot_op(func_name: str, input_names: tuple, out_dtype, out_shape=None):
     """A mindspore.ops.Custom aot op on the CPU for kernel `func_name` of the library.
 
-    Declared with reg_info and a C++ shape inference (`<func_name>InferShape`), the form under
-    which MindSpore accepts it in graphs with dynamic shapes as well as static ones. One primitive per
-    (kernel, inputs, dtype) and library serves every Cell that asks: a primitive holds no per-call
-    state, and a model has hundreds of calls of a dozen kernels (about 2 ms of CPU to create each).
+    One output: declared with reg_info and a C++ shape inference (`<func_name>InferShape`), the form under
+    which MindSpore accepts it in graphs with dynamic shapes as well as static ones. Several outputs:
+    out_dtype is a tuple of dtypes and out_shape a function of the input shapes returning a tuple of
+    shapes (the C++ inference returns one shape), for static-shape graphs.
+    One primitive per (library, kernel, inputs, dtypes, shape function) serves every Cell that asks: a
+    primitive holds no per-call state, and a model has hundreds of calls of a dozen kernels (about 2 ms of
+    CPU to create each).
     """
-    key = (kernel_library(), func_name, tuple(input_names), out_dtype)
+    key = (kernel_library(), func_name, tuple(input_names), out_dtype, out_shape)
     if key not in _AOT_OPS:
-        _AOT_OPS[key] = _new_aot_op(func_name, input_names, out_dtype)
+        _AOT_OPS[key] = _new_aot_op(func_name, input_names, out_dtype, out_shape)
     return _AOT_OPS[key]
 
 
 _AOT_OPS: dict = {}
 
 
-def _new_aot_op(func_name: str, input_names: tuple, out_dtype):
+def _new_aot_op(func_name: str, input_names: tuple, out_dtype, out_shape):
     from mindspore import ops
     from mindspore.ops import CustomRegOp, DataType
 
+    num_outputs = len(out_dtype) if isinstance(out_dtype, tuple) else 1
+    if (num_outputs > 1) != (out_shape is not None):
+        raise ValueError(f"{func_name}: out_shape goes with a tuple out_dtype (several outputs), and only then")
     reg = CustomRegOp(func_name)
     for i, name in enumerate(input_names):
         reg = reg.input(i, name)
-    reg = reg.output(0, "out").dtype_format(*([DataType.None_None] * (len(input_names) + 1)))
+    for i in range(num_outputs):
+        reg = reg.output(i, f"out{i}" if num_outputs > 1 else "out")
+    reg = reg.dtype_format(*([DataType.None_None] * (len(input_names) + num_outputs)))
     reg_info = reg.target("CPU").get_op_info()
-    return ops.Custom(f"{kernel_library()}:{func_name}", out_shape=None, out_dtype=out_dtype,
+    return ops.Custom(f"{kernel_library()}:{func_name}", out_shape=out_shape, out_dtype=out_dtype,
                       func_type="aot", reg_info=reg_info)

@@ -1,7 +1,8 @@
-"""The elementwise parts of a decoder layer: RMSNorm, rotary embedding, SwiGLU.
+"""The elementwise parts of a decoder layer: RMSNorm (alone or after the residual add), rotary embedding,
+SwiGLU.
 
 On the CPU in float32 each is one aot kernel (ops/elementwise.cc): a MindSpore CPU op costs ~25 us of
-dispatch whatever its size, and these replace 8, 10 and 3 ops per layer. Elsewhere (Ascend, or another
+dispatch whatever its size, and these replace 8, 9, 10 and 3 ops per layer. Elsewhere (Ascend, or another
 dtype) each is the same formula in MindSpore ops.
 """
 import mindspore as ms
@@ -33,6 +34,47 @@ class RmsNorm(nn.Cell):
         x32 = x.astype(ms.float32)
         var = ops.mean(x32 * x32, -1, keep_dims=True)
         return (x32 * ops.rsqrt(var + self.eps)).astype(x.dtype) * weight
+
+
+class AddRmsNorm(nn.Cell):
+    """add_norm(x [T, H], residual [T, H], weight [H]) -> (h [T, H], norm(h) [T, H]), h = x + residual: a
+    decoder layer's residual add and the RMSNorm after it (RmsNorm's formula)."""
+
+    def __init__(self, eps: float, dtype=ms.float32, device: str = "cpu"):
+        super().__init__()
+        self.fused = _fused(device, dtype)
+        self.norm = RmsNorm(eps, dtype, device)
+        if self.fused:
+            self.op = build.aot_op("AddRmsNorm", ("x", "residual", "weight", "eps"), (ms.float32, ms.float32),
+                                   lambda x, *_: (x, x))
+
+    def construct(self, x, residual, weight):
+        if self.fused:
+            return self.op(x, residual, weight, self.norm.eps_t)
+        h = x + residual
+        return h, self.norm(h, weight)
+
+
+class LastTokenNorm(nn.Cell):
+    """last(x [T, H], residual [T, H], query_start_loc [B + 1] int32, weight [H]) -> (y [B, H], seqs [1] int32):
+    y[b] = norm(x + residual) at row max(query_start_loc[b + 1] - 1, 0), sequence b's last token; seqs counts
+    the sequences that own a token (query_start_loc rises). The top of a causal LM before its lm_head."""
+
+    def __init__(self, eps: float, dtype=ms.float32, device: str = "cpu"):
+        super().__init__()
+        self.fused = _fused(device, dtype)
+        self.norm = RmsNorm(eps, dtype, device)
+        if self.fused:
+            self.op = build.aot_op("LastTokenNorm", ("x", "residual", "query_start_loc", "weight", "eps"),
+                                   (ms.float32, ms.int32), lambda x, r, qsl, *_: ([qsl[0] - 1, x[1]], [1]))
+
+    def construct(self, x, residual, query_start_loc, weight):
+        if self.fused:
+            return self.op(x, residual, query_start_loc, weight, self.norm.eps_t)
+        last = ops.maximum(query_start_loc[1:] - 1, 0)  # [B]
+        y = self.norm(ops.gather(x + residual, last, 0), weight)  # [B, H]
+        seqs = (query_start_loc[1:] > query_start_loc[:-1]).astype(ms.int32).sum(0, keepdims=True)
+        return y, seqs.astype(ms.int32)  # [1]: the sum may widen to int64
 
 
 class RotaryEmbedding(nn.Cell):

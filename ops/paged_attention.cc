@@ -1,7 +1,7 @@
 // PagedAttention: causal attention of each sequence's queries over its paged K/V cache, decode
 // tokens and prefill chunks over cached prefixes alike, with GQA.
-//   query [T, H, D]; key_cache, value_cache [NB, BS, KVH, D]; block_tables [B, MAXB] int32;
-//   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32 -> out [T, H, D].
+//   query [T, H, D] or [T, H * D]; key_cache, value_cache [NB, BS, KVH, D]; block_tables [B, MAXB] int32;
+//   context_lens [B] int32; query_start_loc [B + 1] int32; scale [1] float32 -> out of the query's shape.
 // PagedAttentionQuant takes two more inputs after scale, for int8 caches: key_scale_cache,
 // value_scale_cache [NB, BS, KVH] float32 (cached value = int8 value * its token and head's scale).
 // query and out share one dtype (float32, float16, bfloat16; computed in float32); the caches may be any
@@ -326,13 +326,15 @@ int RunCaches(ms_atb::DType cache, const Args &a, const std::vector<Item> &items
 // Both entry points: `quant` takes key_scale_cache and value_scale_cache after scale.
 int Attend(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool quant) {
   if (nparam != (quant ? 10 : 8)) return Fail(quant ? "expected 9 inputs and 1 output" : "expected 7 inputs and 1 output");
-  if (ndims[0] != 3 || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 2 || ndims[4] != 1 || ndims[5] != 1)
-    return Fail("expected query [T, H, D], caches [NB, BS, KVH, D], block_tables [B, MAXB], "
+  if ((ndims[0] != 3 && ndims[0] != 2) || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 2 || ndims[4] != 1 ||
+      ndims[5] != 1)
+    return Fail("expected query [T, H, D] or [T, H * D], caches [NB, BS, KVH, D], block_tables [B, MAXB], "
                 "context_lens [B], query_start_loc [B + 1]");
   Args a;
   const int64_t T = shapes[0][0];
-  a.H = shapes[0][1];
-  a.D = shapes[0][2];
+  a.D = ndims[0] == 3 ? shapes[0][2] : shapes[1][3];  // [T, H * D]: the caches' D splits the row
+  if (a.D < 1 || shapes[0][ndims[0] - 1] % a.D != 0) return Fail("query [T, H * D]: its width must be a multiple of D");
+  a.H = ndims[0] == 3 ? shapes[0][1] : shapes[0][1] / a.D;
   const int64_t NB = shapes[1][0];
   a.BS = shapes[1][1];
   a.KVH = shapes[1][2];
@@ -419,11 +421,11 @@ int Attend(int nparam, void **params, int *ndims, int64_t **shapes, const char *
 }  // namespace
 
 extern "C" std::vector<int64_t> PagedAttentionInferShape(int *ndims, int64_t **shapes, void *extra) {
-  return {shapes[0][0], shapes[0][1], shapes[0][2]};
+  return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);  // the query's shape
 }
 
 extern "C" std::vector<int64_t> PagedAttentionQuantInferShape(int *ndims, int64_t **shapes, void *extra) {
-  return {shapes[0][0], shapes[0][1], shapes[0][2]};
+  return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);
 }
 
 extern "C" int PagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,

@@ -23,6 +23,8 @@ class PagedAttention(nn.Cell):
     quantized=True ("cpu" or "ascendc" backend): int8 caches; construct also takes key_scale_cache and
     value_scale_cache [NB, BS, KVH] float32, and each cached row is dequantised (int8 value x its scale)
     in the kernel's inner loop ("ascendc": head_dim a multiple of 32, whole 32-byte int8 rows).
+
+    The "cpu" backend also takes query [T, H * D] and returns [T, H * D] (the same values).
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, device: str = "cpu",

@@ -56,3 +56,32 @@ class ReshapeAndCache(nn.Cell):
         if self.quantized:
             return self.op(key, value, key_cache, value_cache, slot_mapping, key_scale_cache, value_scale_cache)
         return self.op(key, value, key_cache, value_cache, slot_mapping)
+
+
+class RopeAndCache(nn.Cell):
+    """rc(qkv [T, (H + 2 KVH) D] float32, cos [T, D], sin [T, D], perm [D] int32, key_cache [NB, BS, KVH, D]
+    Parameter, value_cache, slot_mapping [T] int32) -> q [T, H D] float32, on the CPU ("cpu" backend).
+
+    An attention's rotary embedding (RotaryEmbedding's formula on q's and k's heads), its q/k/v split and
+    ReshapeAndCache's write of k and v, in one op; H comes from qkv's width and the caches' KVH and D. The
+    caches may be float32, float16, bfloat16, or int8 with quantized=True (then construct also takes
+    key_scale_cache and value_scale_cache, as ReshapeAndCache). Every read of the caches must consume the
+    returned q (or depend on it), which orders it after the write.
+    """
+
+    def __init__(self, quantized: bool = False):
+        super().__init__()
+        self.quantized = quantized
+        names = ("qkv", "cos", "sin", "perm") + _INPUTS[2:]
+        if quantized:
+            self.op = build.aot_op("RopeAndCacheQuant", names + ("key_scale_cache", "value_scale_cache"), ms.float32)
+        else:
+            self.op = build.aot_op("RopeAndCache", names, ms.float32)
+        self.op.add_prim_attr("side_effect_mem", True)
+
+    def construct(self, qkv, cos, sin, perm, key_cache, value_cache, slot_mapping, key_scale_cache=None,
+                  value_scale_cache=None):
+        if self.quantized:
+            return self.op(qkv, cos, sin, perm, key_cache, value_cache, slot_mapping, key_scale_cache,
+                           value_scale_cache)
+        return self.op(qkv, cos, sin, perm, key_cache, value_cache, slot_mapping)

@@ -1,0 +1,130 @@
+"""The layers of a Llama decoder as MindSpore graph-mode Cells: norm, attention over the paged KV cache, MLP."""
+import mindspore as ms
+from mindspore.common.initializer import initializer
+import numpy as np
+from mindspore import nn, ops
+
+from ms_atb.models.llama_config import LlamaConfig
+from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
+                                    num_kv_heads_per_rank)
+from ms_atb.ops import (AddRmsNorm, CachedAttention, PagedAttention, ReshapeAndCache, RmsNorm, RotaryEmbedding,
+                        SwiGlu)
+from ms_atb.ops.backends import resolve_backend
+
+
+class RMSNorm(nn.Cell):
+    """norm(x [T, size]) -> [T, size]; norm(x, residual) -> (h, norm(h)), h = x + residual [T, size]."""
+
+    def __init__(self, size: int, eps: float, dtype, device):
+        super().__init__()
+        self.weight = ms.Parameter(ms.Tensor(np.ones(size), dtype), name="weight")  # [size]
+        self.norm = RmsNorm(eps, dtype, device)
+        self.add_norm = AddRmsNorm(eps, dtype, device)
+
+    def construct(self, x, residual=None):
+        if residual is None:
+            return self.norm(x, self.weight)
+        return self.add_norm(x, residual, self.weight)
+
+
+class LlamaAttention(nn.Cell):
+    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py); quantized: int8 caches."""
+
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False,
+                 formats=("float32", "float32")):
+        """formats: the weight formats of (qkv_proj, o_proj)."""
+        super().__init__()
+        d = config.head_dim
+        self.num_heads = num_heads_per_rank(config, tp_size)
+        self.num_kv_heads = num_kv_heads_per_rank(config, tp_size)
+        self.head_dim = d
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
+                                             tp_size, tp_rank, dtype, device, formats[0])
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device, formats[1])
+        self.has_bias, self.has_qk_norm = config.attention_bias, config.qk_norm
+        if self.has_bias:  # [q + 2 kv] of this rank, in qkv_proj's column order
+            self.qkv_bias = ms.Parameter(initializer("zeros", (self.q_size + 2 * self.kv_size,), dtype),
+                                         name="qkv_bias")
+        if self.has_qk_norm:  # weights [D], the same on every rank
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
+        # Our CPU kernels in float32: rotary embedding, q/k/v split, cache write and attention are one op;
+        # elsewhere one op each, with the reshapes between them.
+        self.fused = device == "cpu" and dtype == ms.float32 and resolve_backend(device, attention_backend) == "cpu"
+        if self.fused:
+            self.cached_attn = CachedAttention(d ** -0.5, quantized)
+        else:
+            self.rope = RotaryEmbedding(self.num_heads + self.num_kv_heads, d, dtype, device)
+            self.reshape_and_cache = ReshapeAndCache(device=device, backend=attention_backend, quantized=quantized)
+            self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, device=device,
+                                       backend=attention_backend, quantized=quantized)
+
+    def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
+                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
+        t = x.shape[0]
+        qkv = self.qkv_proj(x, rows)  # [T, q + 2 kv]
+        if self.has_bias:
+            qkv = qkv + self.qkv_bias
+        if self.has_qk_norm:
+            q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
+            q = self.q_norm(q.reshape(t * self.num_heads, self.head_dim)).reshape(t, self.q_size)  # [T, q]
+            k = self.k_norm(k.reshape(t * self.num_kv_heads, self.head_dim)).reshape(t, self.kv_size)
+            qkv = ops.concat((q, k, v), -1)  # [T, q + 2 kv]
+        if self.fused:
+            o = self.cached_attn(qkv, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables, context_lens,
+                                 query_start_loc, key_scale_cache, value_scale_cache)  # [T, q]
+            return self.o_proj(o, rows)
+        qkv = self.rope(qkv, cos, sin, perm)  # [T, q + 2 kv], q and k rotated
+        q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
+        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        written = self.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping, key_scale_cache,
+                                         value_scale_cache)
+        q = ops.depend(q, written)
+        o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc, key_scale_cache,
+                      value_scale_cache)  # [T, H, D]
+        return self.o_proj(o.reshape(t, self.q_size), rows)
+
+
+class LlamaMLP(nn.Cell):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, formats=("float32", "float32")):
+        """formats: the weight formats of (gate_up_proj, down_proj)."""
+        super().__init__()
+        self.inter = config.intermediate_size // tp_size
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (self.inter, self.inter),
+                                                 tp_size, tp_rank, dtype, device, formats[0])
+        self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype, device,
+                                           formats[1])
+        self.swiglu = SwiGlu(dtype, device)
+
+    def construct(self, x, rows):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
+        gate_up = self.gate_up_proj(x, rows)  # [T, 2 I/tp]
+        return self.down_proj(self.swiglu(gate_up), rows)  # swiglu: [T, I/tp]
+
+
+class LlamaDecoderLayer(nn.Cell):
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None,
+                 quantized=False, formats=("float32",) * 4):
+        """formats: the weight formats of (qkv_proj, o_proj, gate_up_proj, down_proj)."""
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized,
+                                        formats[:2])
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank, formats[2:])
+
+    def construct(self, h, residual, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
+                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
+        """h [T, hidden]: the previous layer's MLP output, or the embeddings with residual None; residual
+        [T, hidden]: the running sum before h. Returns (MLP output, residual): the layer's output is their
+        sum, added by the next layer's first norm (one op with it)."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            residual, x = self.input_layernorm(h, residual)
+        a = self.self_attn(x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables, context_lens,
+                           query_start_loc, rows, key_scale_cache, value_scale_cache)  # [T, hidden]
+        residual, x = self.post_attention_layernorm(a, residual)
+        return self.mlp(x, rows), residual
