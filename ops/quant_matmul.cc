@@ -113,7 +113,7 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
   if (M <= ms_atb::kGemvMaxRows) {
     // Items of whole panel groups, about 4 a thread but at least kGemvItemBytes of weights each: an item
     // of a decode matmul takes a few microseconds, about what handing it to a thread costs.
-    const int64_t group = 4;
+    const int64_t group = ms_atb::kGemvPanels;
     const int64_t by_threads = (P + 4 * pool.num_threads() - 1) / (4 * pool.num_threads());
     const int64_t by_bytes = (kGemvItemBytes + panel_bytes - 1) / panel_bytes;
     const int64_t per_item = (std::max(by_threads, by_bytes) + group - 1) / group * group;
