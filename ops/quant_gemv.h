@@ -12,7 +12,6 @@
 #ifndef MS_ATB_OPS_QUANT_GEMV_H_
 #define MS_ATB_OPS_QUANT_GEMV_H_
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -216,17 +215,14 @@ constexpr int PanelsInFlight() {
   return kChains / per_panel > 1 ? kChains / per_panel : 1;
 }
 
-// Panels [p0, p1) for rows [0, M) of x, PanelsInFlight at a time (the rest one by one), each group of
-// panels for every group of up to 4 rows while its bytes are in L1.
+// Panels [p, p + np) for MR rows: PanelsInFlight<MR> at a time, the odd ones one by one.
 template <QuantFormat F, int MR>
 void RowGroup(const float *x, int64_t K, const uint8_t *w, int64_t panel_bytes, int64_t p, int64_t np, float *y,
               int64_t ldy) {
   constexpr int NP = PanelsInFlight<MR>();
-  if (np == NP) {
-    Panels<F, MR, NP>(x, K, w + p * panel_bytes, panel_bytes, y + p * kQuantPanel, ldy);
-  } else {
-    for (int64_t i = p; i < p + np; ++i) Panels<F, MR, 1>(x, K, w + i * panel_bytes, panel_bytes, y + i * kQuantPanel, ldy);
-  }
+  int64_t i = p;
+  for (; i + NP <= p + np; i += NP) Panels<F, MR, NP>(x, K, w + i * panel_bytes, panel_bytes, y + i * kQuantPanel, ldy);
+  for (; i < p + np; ++i) Panels<F, MR, 1>(x, K, w + i * panel_bytes, panel_bytes, y + i * kQuantPanel, ldy);
 }
 
 }  // namespace gemv
@@ -236,31 +232,21 @@ constexpr int64_t kGemvPanels = gemv::PanelsInFlight<1>();
 
 namespace gemv {
 
+// Panels [p0, p1) for rows [0, M) of x: kGemvPanels panels at a time, for every group of up to 4 rows while
+// their bytes are in L1.
 template <QuantFormat F>
 void PanelRange(int64_t M, const float *x, int64_t K, const uint8_t *w, int64_t panel_bytes, int64_t p0, int64_t p1,
                 float *y, int64_t ldy) {
-  constexpr int64_t step = kGemvPanels;
-  for (int64_t p = p0; p < p1; p += step) {
-    const int64_t np = p1 - p < step ? p1 - p : step;
+  for (int64_t p = p0; p < p1; p += kGemvPanels) {
+    const int64_t np = p1 - p < kGemvPanels ? p1 - p : kGemvPanels;
     for (int64_t r = 0; r < M; r += 4) {
       const float *xr = x + r * K;
       float *yr = y + r * ldy;
       switch (M - r < 4 ? M - r : 4) {
-        case 1:
-          RowGroup<F, 1>(xr, K, w, panel_bytes, p, np, yr, ldy);
-          break;
-        case 2:
-          for (int64_t i = p; i < p + np; i += PanelsInFlight<2>())
-            RowGroup<F, 2>(xr, K, w, panel_bytes, i, std::min<int64_t>(PanelsInFlight<2>(), p + np - i), yr, ldy);
-          break;
-        case 3:
-          for (int64_t i = p; i < p + np; i += PanelsInFlight<3>())
-            RowGroup<F, 3>(xr, K, w, panel_bytes, i, std::min<int64_t>(PanelsInFlight<3>(), p + np - i), yr, ldy);
-          break;
-        default:
-          for (int64_t i = p; i < p + np; i += PanelsInFlight<4>())
-            RowGroup<F, 4>(xr, K, w, panel_bytes, i, std::min<int64_t>(PanelsInFlight<4>(), p + np - i), yr, ldy);
-          break;
+        case 1: RowGroup<F, 1>(xr, K, w, panel_bytes, p, np, yr, ldy); break;
+        case 2: RowGroup<F, 2>(xr, K, w, panel_bytes, p, np, yr, ldy); break;
+        case 3: RowGroup<F, 3>(xr, K, w, panel_bytes, p, np, yr, ldy); break;
+        default: RowGroup<F, 4>(xr, K, w, panel_bytes, p, np, yr, ldy); break;
       }
     }
   }

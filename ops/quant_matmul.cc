@@ -1,6 +1,8 @@
-// QuantMatMul: y = x @ W for a weight kept quantized in column panels of 16. Each item dequantises a
-// chunk of its panels' rows into a small L1 buffer, once, and runs the float32 register tile of
-// gemm_tile.h over every row of x it owns: the dequantisation is shared by all the rows of a batch.
+// QuantMatMul: y = x @ W for a weight kept quantized in column panels of 16. Up to kGemvMaxRows rows of x
+// (decode at small batches) take the register GEMV of quant_gemv.h over runs of panels. Past them, each
+// item dequantises a chunk of its panels' rows into a small L1 buffer, once, and runs the float32 register
+// tile of gemm_tile.h over every row of x it owns: the dequantisation is shared by all the rows of a batch.
+// Both paths round as the float tile does: y equals PackedMatMul's over the dequantised W bit for bit.
 //   x [M, K] float32; w [P, panel_bytes] int8 (raw bytes), panel p holding columns 16p..16p+15 of
 //   W [K, N] (zero past N) -> y [M, 16 P] float32.
 // A panel is a header, then ceil(K / 32) blocks of 32 rows of k (c: column in the panel, 0..15):
@@ -111,8 +113,8 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
   }
   ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
   if (M <= ms_atb::kGemvMaxRows) {
-    // Items of whole panel groups, about 4 a thread but at least kGemvItemBytes of weights each: an item
-    // of a decode matmul takes a few microseconds, about what handing it to a thread costs.
+    // Items of whole panel groups, about 4 a thread but at least kGemvItemBytes of weights each: smaller
+    // items would take about as long as handing them to a thread.
     const int64_t group = ms_atb::kGemvPanels;
     const int64_t by_threads = (P + 4 * pool.num_threads() - 1) / (4 * pool.num_threads());
     const int64_t by_bytes = (kGemvItemBytes + panel_bytes - 1) / panel_bytes;
