@@ -76,17 +76,21 @@ def quant_main(args) -> None:
             for m in args.rows:
                 xs = {k: rng.standard_normal((m, k), np.float32) for k in (HIDDEN, INTER)}
                 ys = {n: np.zeros((m, -(-n // 16) * 16), np.float32) for _, n in shapes}
-                best = dict.fromkeys(libs, float("inf"))
+                best, cpu = dict.fromkeys(libs, float("inf")), dict.fromkeys(libs, float("inf"))
                 for _ in range(5):
                     for name, lib in libs.items():
                         fn = getattr(lib, QUANT_KERNELS[fmt])
-                        start = time.perf_counter()
+                        start, start_cpu = time.perf_counter(), time.thread_time()
                         for (k, n), w in mats:
                             if build.call_kernel(fn, [xs[k], w, ys[n]]) != 0:
                                 raise RuntimeError(f"{QUANT_KERNELS[fmt]} failed")
                         best[name] = min(best[name], time.perf_counter() - start)
-                print(f"  M = {m:3d}: " + "  ".join(f"{name} {t * 1e3:7.2f} ms ({mbytes / 1e3 / t:4.1f} GB/s)"
-                                                    for name, t in best.items()))
+                        cpu[name] = min(cpu[name], time.thread_time() - start_cpu)
+                # cpu: this thread's CPU time, free of the time a busy host gives to other processes; with
+                # MS_ATB_NUM_THREADS=1 it is the whole of the kernels' work.
+                print(f"  M = {m:3d}: " + "  ".join(
+                    f"{name} {t * 1e3:7.2f} ms ({mbytes / 1e3 / t:4.1f} GB/s; cpu {cpu[name] * 1e3:7.2f} ms, "
+                    f"{mbytes / 1e3 / cpu[name]:4.1f} GB/s)" for name, t in best.items()))
 
 
 def main() -> None:
