@@ -1,6 +1,7 @@
 """The GEMM-shaped kernels on every instruction-set path this CPU can run, not only the one -march=native
 picks: the kernel library is rebuilt without AVX-512 (the AVX2 6 x 16 tile) and without AVX2/FMA (the
-portable tile), and PackedMatMul, QuantMatMul (each weight format, its register GEMV and its tile), PagedAttention (decode and GEMM-tiled prefill items, over float32,
+portable tile), and PackedMatMul, QuantMatMul (each weight format, its register GEMV and its tile),
+PagedAttention (decode and GEMM-tiled prefill items, over float32,
 float16, bfloat16 and int8 caches, whose rows each path converts as it reads them) and ReshapeAndCache
 (conversion and int8 quantisation) are called through their C ABI with ctypes and checked against numpy."""
 import ctypes
