@@ -1,6 +1,8 @@
-// QuantMatMul: y = x @ W for a weight kept quantized in column panels of 16. Each item dequantises a
-// chunk of its panels' rows into a small L1 buffer, once, and runs the float32 register tile of
-// gemm_tile.h over every row of x it owns: the dequantisation is shared by all the rows of a batch.
+// QuantMatMul: y = x @ W for a weight kept quantized in column panels of 16. Up to kGemvMaxRows rows of x
+// (decode at small batches) take the register GEMV of quant_gemv.h over runs of panels. Past them, each
+// item dequantises a chunk of its panels' rows into a small L1 buffer, once, and runs the float32 register
+// tile of gemm_tile.h over every row of x it owns: the dequantisation is shared by all the rows of a batch.
+// Both paths round as the float tile does: y equals PackedMatMul's over the dequantised W bit for bit.
 //   x [M, K] float32; w [P, panel_bytes] int8 (raw bytes), panel p holding columns 16p..16p+15 of
 //   W [K, N] (zero past N) -> y [M, 16 P] float32.
 // A panel is a header, then ceil(K / 32) blocks of 32 rows of k (c: column in the panel, 0..15):
@@ -22,12 +24,15 @@
 #include "dtype.h"
 #include "gemm_tile.h"
 #include "kernel_profile.h"
+#include "quant_gemv.h"
 #include "thread_pool.h"
 
 namespace {
 
-constexpr int64_t kPanel = ms_atb::kTileCols;  // columns per panel
-constexpr int64_t kBlock = 32;                 // rows of k per block
+static_assert(ms_atb::kQuantPanel == ms_atb::kTileCols, "a panel is one register tile wide");
+constexpr int64_t kPanel = ms_atb::kQuantPanel;  // columns per panel
+constexpr int64_t kBlock = ms_atb::kQuantBlock;  // rows of k per block
+constexpr int64_t kGemvItemBytes = 32 << 10;  // the least weight bytes of a small-batch item
 constexpr int64_t kChunkBlocks = 4;            // blocks dequantised at a time: 128 x 16 floats = 8 KiB a panel
 #if defined(__AVX512F__)
 constexpr int64_t kGroup = 2;  // panels dequantised together: the AVX-512 tile spans a pair
@@ -35,12 +40,9 @@ constexpr int64_t kGroup = 2;  // panels dequantised together: the AVX-512 tile 
 constexpr int64_t kGroup = 1;
 #endif
 
-enum class Format { kQ8_0, kQ4_0, kQ4_1, kInt8 };
-
-constexpr int64_t BlockBytes(Format f) {
-  return f == Format::kQ8_0 ? 32 + 512 : f == Format::kQ4_0 ? 32 + 256 : f == Format::kQ4_1 ? 64 + 256 : 512;
-}
-constexpr int64_t HeaderBytes(Format f) { return f == Format::kInt8 ? 64 : 0; }
+using Format = ms_atb::QuantFormat;
+constexpr int64_t BlockBytes(Format f) { return ms_atb::QuantBlockBytes(f); }
+constexpr int64_t HeaderBytes(Format f) { return ms_atb::QuantHeaderBytes(f); }
 constexpr const char *Name(Format f) {
   return f == Format::kQ8_0 ? "QuantMatMulQ8_0" : f == Format::kQ4_0 ? "QuantMatMulQ4_0"
          : f == Format::kQ4_1 ? "QuantMatMulQ4_1" : "QuantMatMulInt8";
@@ -109,9 +111,22 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
     std::memset(y, 0, sizeof(float) * M * N);
     return 0;
   }
+  ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
+  if (M <= ms_atb::kGemvMaxRows) {
+    // Items of whole panel groups, about 4 a thread but at least kGemvItemBytes of weights each: smaller
+    // items would take about as long as handing them to a thread.
+    const int64_t group = ms_atb::kGemvPanels;
+    const int64_t by_threads = (P + 4 * pool.num_threads() - 1) / (4 * pool.num_threads());
+    const int64_t by_bytes = (kGemvItemBytes + panel_bytes - 1) / panel_bytes;
+    const int64_t per_item = (std::max(by_threads, by_bytes) + group - 1) / group * group;
+    pool.Run((P + per_item - 1) / per_item, [&](int64_t item) {
+      const int64_t p0 = item * per_item, p1 = std::min(P, p0 + per_item);
+      ms_atb::QuantGemv<F>(M, x, K, w, panel_bytes, p0, p1, y, N);
+    });
+    return 0;
+  }
   // Items: row blocks (a whole decode batch is one, so each block is dequantised once per batch) times
   // groups of panels, enough items to keep every thread busy.
-  ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
   const int64_t row_block = std::min<int64_t>(M, 16 * ms_atb::kTileRows);
   const int64_t row_blocks = (M + row_block - 1) / row_block;
   int64_t groups_per_item = std::max<int64_t>(1, P / kGroup / (4 * pool.num_threads() * row_blocks));

@@ -6,6 +6,10 @@ the CPU has AVX-512) and again without AVX-512 (the AVX2 6 x 16 tile), then time
   step: one decode step's matmuls with cold weights: SmolLM2's 30 layers x (qkv, o, gate_up, down) + lm_head,
         540 MB of distinct weights, more than the caches hold, at M rows (best of 5).
     .venv/bin/python scripts/bench_gemm.py [--rows 8 32]
+With --quant FMT..., QuantMatMul instead: per weight format, one decode step's matmuls (the same shapes, the
+weights quantized: 70-140 MB) and the lm_head alone, at M rows (best of 5), for this tree's kernels and for
+each library given with --against (e.g. one built from another checkout, to compare two versions in one run):
+    .venv/bin/python scripts/bench_gemm.py --quant q4_1 q8_0 --rows 1 8 32 --against /path/to/other.so
 """
 import argparse
 import ctypes
@@ -19,6 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ms_atb.ops import build  # noqa: E402
 from ms_atb.ops.matmul import pack_weight  # noqa: E402
+from ms_atb.ops.quant_matmul import FORMATS, GGUF_BLOCK_BYTES, pack_gguf, quantize_int8  # noqa: E402
 
 HIDDEN, QKV, INTER, VOCAB, LAYERS = 576, 960, 1536, 49152, 30  # SmolLM2-135M
 
@@ -35,10 +40,68 @@ def call(lib, x, w, y) -> None:
         raise RuntimeError("PackedMatMul failed")
 
 
+QUANT_KERNELS = {"q8_0": "QuantMatMulQ8_0", "q4_0": "QuantMatMulQ4_0", "q4_1": "QuantMatMulQ4_1",
+                 "int8": "QuantMatMulInt8"}
+
+
+def random_quantized(fmt: str, k: int, n: int, rng) -> np.ndarray:
+    """A packed [K, N] weight of random blocks: random quants, scales (and Q4_1 minimums) of a trained model's
+    size (float16 0.001-0.02, never subnormal)."""
+    if fmt == "int8":
+        return quantize_int8(rng.standard_normal((k, n), np.float32) * 0.02)
+    raw = rng.integers(0, 256, (n, k // 32, GGUF_BLOCK_BYTES[fmt]), np.uint8)
+    halves = 2 if fmt == "q4_1" else 1
+    raw[..., :2 * halves] = rng.uniform(0.001, 0.02, (n, k // 32, halves)).astype(np.float16).view(np.uint8)
+    return pack_gguf(raw.reshape(n, -1), fmt, k)
+
+
+def quant_main(args) -> None:
+    tmp = tempfile.mkdtemp(prefix="ms_atb_gemm_")
+    path = os.path.join(tmp, "this.so")
+    build.compile_library(path, (), sources=("quant_matmul.cc",))
+    libs = {"this tree": ctypes.CDLL(path)}
+    for other in args.against:
+        libs[os.path.basename(other)] = ctypes.CDLL(os.path.abspath(other))
+    model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"CPU: {model}, {len(os.sched_getaffinity(0))} cores (MS_ATB_NUM_THREADS="
+          f"{os.environ.get('MS_ATB_NUM_THREADS', 'all')}), load average {os.getloadavg()[0]:.2f}")
+    rng = np.random.default_rng(0)
+    shapes = [(HIDDEN, QKV), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)] * LAYERS + [(HIDDEN, VOCAB)]
+    for fmt in args.quant:
+        weights = [random_quantized(fmt, k, n, rng) for k, n in shapes]
+        sets = {"decode step": list(zip(shapes, weights)), "lm_head": [(shapes[-1], weights[-1])]}
+        for title, mats in sets.items():
+            mbytes = sum(w.nbytes for _, w in mats) / 1e6
+            print(f"\n{fmt}, {title} ({len(mats)} matmuls, {mbytes:.1f} MB of weights), best of 5:")
+            for m in args.rows:
+                xs = {k: rng.standard_normal((m, k), np.float32) for k in (HIDDEN, INTER)}
+                ys = {n: np.zeros((m, -(-n // 16) * 16), np.float32) for _, n in shapes}
+                best, cpu = dict.fromkeys(libs, float("inf")), dict.fromkeys(libs, float("inf"))
+                for _ in range(5):
+                    for name, lib in libs.items():
+                        fn = getattr(lib, QUANT_KERNELS[fmt])
+                        start, start_cpu = time.perf_counter(), time.thread_time()
+                        for (k, n), w in mats:
+                            if build.call_kernel(fn, [xs[k], w, ys[n]]) != 0:
+                                raise RuntimeError(f"{QUANT_KERNELS[fmt]} failed")
+                        best[name] = min(best[name], time.perf_counter() - start)
+                        cpu[name] = min(cpu[name], time.thread_time() - start_cpu)
+                # cpu: this thread's CPU time, free of the time a busy host gives to other processes; with
+                # MS_ATB_NUM_THREADS=1 it is the whole of the kernels' work.
+                print(f"  M = {m:3d}: " + "  ".join(
+                    f"{name} {t * 1e3:7.2f} ms ({mbytes / 1e3 / t:4.1f} GB/s; cpu {cpu[name] * 1e3:7.2f} ms, "
+                    f"{mbytes / 1e3 / cpu[name]:4.1f} GB/s)" for name, t in best.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 32], help="M of the cold decode-step test")
+    ap.add_argument("--quant", nargs="+", choices=FORMATS, default=[], help="time QuantMatMul of these formats")
+    ap.add_argument("--against", nargs="*", default=[], help="other kernel libraries to time (with --quant)")
     args = ap.parse_args()
+    if args.quant:
+        quant_main(args)
+        return
     flags = cpu_flags()
     variants = {"native": ()}
     if "avx512f" in flags:

@@ -1,6 +1,7 @@
 """The GEMM-shaped kernels on every instruction-set path this CPU can run, not only the one -march=native
 picks: the kernel library is rebuilt without AVX-512 (the AVX2 6 x 16 tile) and without AVX2/FMA (the
-portable tile), and PackedMatMul, QuantMatMul (each weight format), PagedAttention (decode and GEMM-tiled prefill items, over float32,
+portable tile), and PackedMatMul, QuantMatMul (each weight format, its register GEMV and its tile),
+PagedAttention (decode and GEMM-tiled prefill items, over float32,
 float16, bfloat16 and int8 caches, whose rows each path converts as it reads them) and ReshapeAndCache
 (conversion and int8 quantisation) are called through their C ABI with ctypes and checked against numpy."""
 import ctypes
@@ -49,14 +50,19 @@ def test_packed_matmul_on_each_isa(library, m, k, n):
 
 
 @pytest.mark.parametrize("fmt", sorted(QUANT_KERNELS))
-@pytest.mark.parametrize("m,k,n", [(1, 576, 100), (13, 96, 40), (30, 64, 33)])
+@pytest.mark.parametrize("m,k,n", [(1, 576, 100), (2, 96, 40), (5, 64, 90), (13, 96, 40), (30, 64, 33)])
 def test_quant_matmul_on_each_isa(library, fmt, m, k, n):
-    """The quantized weights dequantised into each path's float tile (AVX-512: panel pairs)."""
+    """The quantized weights dequantised in registers (the GEMV of up to 8 rows: several panels in flight,
+    then the odd ones; 5 rows: a group of 4, then 1) or into each path's float tile (AVX-512: panel pairs),
+    against numpy and bit for bit against the same path's PackedMatMul over the dequantised weight."""
     packed, w = packed_and_reference(fmt, k, n, m + n)
     x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)
     y = np.full((m, packed.shape[0] * 16), np.nan, np.float32)
     assert build.call_kernel(getattr(library, QUANT_KERNELS[fmt]), [x, packed, y]) == 0
     np.testing.assert_allclose(y[:, :n], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    y_float = np.full_like(y, np.nan)
+    assert build.call_kernel(library.PackedMatMul, [x, pack_weight(w), y_float]) == 0
+    np.testing.assert_array_equal(y, y_float)
 
 
 @pytest.mark.parametrize("bs,layout", [(16, "scattered"), (16, "contiguous"), (5, "contiguous")])
@@ -167,8 +173,9 @@ def test_avx512_gemm_paths_compile(tmp_path):
     assert build.is_complete_elf(path)
     if "avx512f" in _cpu_flags():
         lib = ctypes.CDLL(str(path))
-        packed, w = packed_and_reference("q4_1", 64, 40, 9)
-        x = np.random.default_rng(9).standard_normal((13, 64)).astype(np.float32)
-        y = np.full((13, 48), np.nan, np.float32)
-        assert build.call_kernel(lib.QuantMatMulQ4_1, [x, packed, y]) == 0
-        np.testing.assert_allclose(y[:, :40], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+        packed, w = packed_and_reference("q4_1", 64, 150, 9)
+        for m in (1, 5, 13):                 # the GEMV (8 panels in flight, then 2 one by one), the tile
+            x = np.random.default_rng(9).standard_normal((m, 64)).astype(np.float32)
+            y = np.full((m, 160), np.nan, np.float32)
+            assert build.call_kernel(lib.QuantMatMulQ4_1, [x, packed, y]) == 0
+            np.testing.assert_allclose(y[:, :150], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)

@@ -43,16 +43,31 @@ def test_kernel_matches_numpy(lib, fmt, m, k, n):
     np.testing.assert_array_equal(y[:, n:], 0.0)
 
 
-def test_int8_partial_block(lib):
-    """int8 takes any K: the last block holds K % 32 rows."""
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("k,n", [(96, 40), (160, 1195)])
+def test_small_batch_path_matches_numpy(lib, fmt, m, k, n):
+    """The register GEMV of M <= 8 rows (5 and 8: a group of 4 rows, then the rest): K of 3 and 5 blocks
+    (not a whole dequantisation chunk of 128), N padded; 75 panels make several thread items and an odd last
+    panel group."""
+    packed, w = packed_and_reference(fmt, k, n, m + k + n)
+    x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    y = call(lib, fmt, x, packed)
+    np.testing.assert_allclose(y[:, :n], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(y[:, n:], 0.0)
+
+
+@pytest.mark.parametrize("m", [1, 5, 13])
+def test_int8_partial_block(lib, m):
+    """int8 takes any K: the last block holds K % 32 rows (the small-batch path and the tile path)."""
     packed, w = packed_and_reference("int8", 70, 33, 1)
-    x = np.random.default_rng(2).standard_normal((5, 70)).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal((m, 70)).astype(np.float32)
     np.testing.assert_allclose(call(lib, "int8", x, packed)[:, :33], x.astype(np.float64) @ w, rtol=1e-4,
                                atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "int8"])
-@pytest.mark.parametrize("rows", [0, 3, 13, 20])
+@pytest.mark.parametrize("rows", [0, 1, 3, 8, 9, 13, 20])
 def test_rows_variant(lib, fmt, rows):
     """Only x's first `rows` rows are multiplied (clamped to M = 13); the others are zero."""
     packed, w = packed_and_reference(fmt, 64, 40, 3)
@@ -104,13 +119,15 @@ def test_quant_matmul_cell_in_graph():
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_bit_equal_to_float_gemm_over_the_dequantised_weight(lib, fmt):
-    """The dequantised values are those of the `gguf` package (float32 d * q + m, no fused rounding) and the
-    float tile sums in the same k order: the product equals PackedMatMul's over the float32 dequantisation
-    bit for bit, so a GGUF as stored gives the tokens of its float32 dequantisation."""
+@pytest.mark.parametrize("m", [1, 3, 8, 13])
+def test_bit_equal_to_float_gemm_over_the_dequantised_weight(lib, fmt, m):
+    """The dequantised values are those of the `gguf` package (float32 d * q + m, no fused rounding) and both
+    paths (the register GEMV up to 8 rows, the float tile past them) sum in the tile's k order: the product
+    equals PackedMatMul's over the float32 dequantisation bit for bit, so a GGUF as stored gives the tokens
+    of its float32 dequantisation at every batch size."""
     from ms_atb.ops.matmul import pack_weight
     packed, w = packed_and_reference(fmt, 576, 100, 11)
-    x = np.random.default_rng(12).standard_normal((13, 576)).astype(np.float32)
-    y_float = np.zeros((13, 112), np.float32)
+    x = np.random.default_rng(12).standard_normal((m, 576)).astype(np.float32)
+    y_float = np.zeros((m, 112), np.float32)
     assert build.call_kernel(lib.PackedMatMul, [x, pack_weight(w), y_float]) == 0
     np.testing.assert_array_equal(call(lib, fmt, x, packed), y_float)
