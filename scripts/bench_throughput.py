@@ -303,12 +303,12 @@ def main() -> None:
     require_at_least(ap, args, 1, "repeats", "threads")
     writable_output(ap, args.json, "--json")
     require_at_least(ap, args, 1, "llama_cpp_parallel")      # None: ms_atb's max_num_seqs
-    if not args.no_llama_cpp and not os.access(args.llama_cpp_bin, os.X_OK):
-        ap.error(f"--llama-cpp-bin {args.llama_cpp_bin} is not an executable: build it with "
-                 f"`bash scripts/build_llamacpp_bench.sh`, or pass --no-llama-cpp")
     bad = next((kv for kv in args.set if "=" not in kv or not kv.split("=", 1)[0]), None)
     if bad is not None:
         ap.error(f"--set expects KEY=VALUE, got {bad!r}")
+    if not args.no_llama_cpp and not os.access(args.llama_cpp_bin, os.X_OK):
+        ap.error(f"--llama-cpp-bin {args.llama_cpp_bin} is not an executable: build it with "
+                 f"`bash scripts/build_llamacpp_bench.sh`, or pass --no-llama-cpp")
     gguf = args.gguf or gguf_path()
     load0 = os.getloadavg()[0]
     print(f"hardware: {hardware()}")
