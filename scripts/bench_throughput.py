@@ -1,13 +1,14 @@
-"""Offline throughput on the embedded default: ms_atb vs HF transformers (and llama.cpp), in one run.
+"""Offline throughput on the embedded default: ms_atb vs HF transformers and llama.cpp batched, in one run.
 
 Fixed-seed workloads of random token-id prompts, ignore_eos, greedy, so every engine generates exactly the
-requested tokens. ms_atb runs in this process (built, graphs compiled, before any clock starts); the peers run
-in worker subprocesses of the bench venv (torch / transformers / llama-cpp-python), each loaded once, and the
-engines alternate over repeats (A B C, C B A, ...).
+requested tokens. ms_atb runs in this process (built, graphs compiled, before any clock starts); HF runs in a
+worker subprocess of the bench venv (torch / transformers), loaded once; llama.cpp batched is the
+llamacpp_serve_batch driver (scripts/llamacpp_serve_batch.cpp, built by scripts/build_llamacpp_bench.sh), one
+process per run, serving the workload with continuous batching at ms_atb's max_num_seqs and
+max_num_batched_tokens. The engines alternate over repeats (A B C, C B A, ...).
     .venv/bin/python scripts/bench_throughput.py [--repeats 2] [--workloads mixed large] [--no-llama-cpp]
-A worker: .venv-bench/bin/python scripts/bench_throughput.py --worker hf|llama.cpp --gguf FILE
-llama.cpp here serves one sequence at a time (llama-cpp-python's high-level API); its batched decode (1, 8, 32
-sequences in one KV cache) beside ms_atb's model step: scripts/bench_llamacpp_batched.py.
+A worker: .venv-bench/bin/python scripts/bench_throughput.py --worker hf --gguf FILE
+llama.cpp's batched decode at fixed shapes beside ms_atb's model step: scripts/bench_llamacpp_batched.py.
 """
 import argparse
 import importlib.util
@@ -16,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -28,6 +30,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 WORKLOADS = {"mixed": (48, (32, 384), (16, 192)), "large": (128, (32, 384), (16, 192)),
              "smoke": (6, (16, 64), (4, 12))}
 HF_BATCH = 16
+LLAMACPP_SERVE = os.path.join(ROOT, "build", "llamacpp", "bin", "llamacpp_serve_batch")
 
 
 def make_workload(name: str, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -50,13 +53,14 @@ def pct_ms(xs, q) -> float:
     return float(np.percentile(xs, q)) * 1000 if xs else float("nan")
 
 
-def result(prompts, max_tokens, elapsed, ttfts, tpots) -> dict:
+def result(prompts, max_tokens, elapsed, ttfts, tpots, peak_rss: float | None = None) -> dict:
+    """peak_rss: MiB of the process that served the workload (default: this one)."""
     num_out, num_prompt = sum(max_tokens), sum(len(p) for p in prompts)
     return {"elapsed_s": elapsed, "output_tok_s": num_out / elapsed,
             "total_tok_s": (num_out + num_prompt) / elapsed,
             "ttft_p50_ms": pct_ms(ttfts, 50), "ttft_p99_ms": pct_ms(ttfts, 99),
             "tpot_p50_ms": pct_ms(tpots, 50), "tpot_p99_ms": pct_ms(tpots, 99),
-            "peak_rss_mib": peak_rss_mib()}
+            "peak_rss_mib": peak_rss_mib() if peak_rss is None else peak_rss}
 
 
 # ---- peers (run in the bench venv) ------------------------------------------------------------
@@ -111,34 +115,11 @@ class HFEngine:
         return result(prompts, max_tokens, time.perf_counter() - start, ttfts, tpots)
 
 
-class LlamaCppEngine:
-    """llama.cpp through llama-cpp-python on the GGUF's own Q4_1 weights; one sequence at a time."""
-
-    def __init__(self, gguf: str, threads: int):
-        import llama_cpp
-        self.llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_batch=512, n_threads=threads, verbose=False)
-        self.versions = {"llama_cpp_python": llama_cpp.__version__, "llama_cpp_threads": threads}
-
-    def run(self, prompts, max_tokens) -> dict:
-        ttfts, tpots = [], []
-        start = time.perf_counter()
-        for p, n in zip(prompts, max_tokens):
-            times = []
-            for _ in self.llm.generate(p, top_k=1, temp=0.0, reset=True):   # never stops on EOS by itself
-                times.append(time.perf_counter())
-                if len(times) == n:
-                    break
-            ttfts.append(times[0] - start)
-            if n > 1:
-                tpots.append((times[-1] - times[0]) / (n - 1))
-        return result(prompts, max_tokens, time.perf_counter() - start, ttfts, tpots)
-
-
 def worker(kind: str, gguf: str, threads: int) -> None:
     """JSON lines on stdin/stdout: {"workload", "repeat"} -> result."""
     os.environ["TQDM_DISABLE"] = "1"     # no weight-loading progress bars on the report
     t0 = time.perf_counter()
-    engine = HFEngine(gguf, threads) if kind == "hf" else LlamaCppEngine(gguf, threads)
+    engine = HFEngine(gguf, threads)
     print(json.dumps({"ready": True, "load_s": time.perf_counter() - t0, "versions": engine.versions,
                       "python": platform.python_version(), "numpy": np.__version__}), flush=True)
     for line in sys.stdin:
@@ -147,13 +128,21 @@ def worker(kind: str, gguf: str, threads: int) -> None:
 
 
 class Peer:
+    """A worker subprocess; it loads while the caller goes on, and `info` waits for its ready line."""
+
     def __init__(self, name: str, kind: str, python: str, gguf: str, threads: int):
         self.name = name
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")   # idle peers must not spin while others run
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--worker", kind, "--gguf", gguf,
                                       "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env)
-        self.info = self._read()
+        self._info = None
+
+    @property
+    def info(self) -> dict:
+        if self._info is None:
+            self._info = self._read()
+        return self._info
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -171,9 +160,54 @@ class Peer:
         self.proc.wait()
 
 
-def peer_has(python: str, module: str) -> bool:
-    code = f"import importlib.util,sys; sys.exit(importlib.util.find_spec('{module}') is None)"
-    return subprocess.run([python, "-c", code]).returncode == 0
+def workload_text(prompts, max_tokens) -> str:
+    """llamacpp_serve_batch's workload file: one request a line, its output token count, then its prompt's ids."""
+    return "".join(f"{n} {' '.join(map(str, p))}\n" for p, n in zip(prompts, max_tokens))
+
+
+def serve_result(line: str, prompts, max_tokens) -> dict:
+    """result() of one llamacpp_serve_batch run from the JSON line it printed; ValueError when it served other
+    requests or token counts than the workload asks for."""
+    out = json.loads(line)
+    got = (out.get("requests"), out.get("prompt_tokens"), out.get("generated_tokens"), len(out.get("ttft_s", [])),
+           len(out.get("tpot_s", [])))
+    want = (len(prompts), sum(map(len, prompts)), sum(max_tokens), len(prompts), sum(n > 1 for n in max_tokens))
+    if got != want:
+        raise ValueError(f"llamacpp_serve_batch served (requests, prompt tokens, generated tokens, TTFTs, TPOTs) "
+                         f"{got}; the workload asks for {want}")
+    r = result(prompts, max_tokens, out["elapsed_s"], out["ttft_s"], out["tpot_s"], out["peak_rss_mib"])
+    r["steps"] = out["steps"]
+    return r
+
+
+def llamacpp_pin() -> str:
+    """The llama-cpp-python sdist whose llama.cpp sources the driver is built from (requirements-bench.txt)."""
+    with open(os.path.join(ROOT, "requirements-bench.txt")) as f:
+        return next((w for l in f for w in l.split() if w.startswith("llama-cpp-python==")), "?")
+
+
+class LlamaCppBatched:
+    """llama.cpp with continuous batching: the llamacpp_serve_batch driver, one process per run; its model load
+    and a warm-up decode fall outside the time it reports. Same interface as Peer."""
+
+    def __init__(self, binary: str, gguf: str, threads: int, parallel: int, n_batch: int, kv: str):
+        self.name = "llama.cpp batched"
+        self.cmd = [binary, gguf, str(threads), str(parallel), str(n_batch), kv]
+        self.info = {"versions": {"llama_cpp": f"sources of {llamacpp_pin()}", "threads": threads,
+                                  "parallel": parallel, "n_batch": n_batch, "kv": kv}}
+
+    def run(self, workload: str) -> dict:
+        prompts, max_tokens = make_workload(workload)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write(workload_text(prompts, max_tokens))
+            f.flush()
+            proc = subprocess.run(self.cmd + [f.name], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"llamacpp_serve_batch failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+        return serve_result(proc.stdout.strip().splitlines()[-1], prompts, max_tokens)
+
+    def close(self) -> None:
+        pass
 
 
 # ---- ms_atb (this process) --------------------------------------------------------------------
@@ -186,7 +220,8 @@ class MsAtbEngine:
         # one short request through the whole loop, so that one-time costs fall outside the clock
         self.llm.generate([[100] * 40], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
         c = self.llm.config
-        self.versions = {"mindspore": mindspore.__version__, "max_num_seqs": c.scheduler.max_num_seqs,
+        self.versions = {"mindspore": mindspore.__version__, "weight_dtype": c.model.weight_dtype,
+                         "cache_dtype": c.kv_cache.cache_dtype, "max_num_seqs": c.scheduler.max_num_seqs,
                          "max_num_batched_tokens": c.scheduler.max_num_batched_tokens,
                          "num_blocks": self.llm.num_blocks, "graphs": self.llm.runner.graph_stats()}
 
@@ -210,7 +245,8 @@ def hardware() -> str:
     return f"{model}; {len(os.sched_getaffinity(0))} cores usable; {mem:.0f} GiB RAM; {platform.platform()}"
 
 
-def print_table(name: str, rows: dict, note: dict) -> None:
+def print_table(name: str, rows: dict, note: dict) -> dict:
+    """The workload's table of medians over repeats; returns ms_atb's output tok/s over each peer's."""
     n, (p_lo, p_hi), (o_lo, o_hi) = WORKLOADS[name]
     prompts, outs = make_workload(name)
     print(f"\n### workload '{name}': {n} requests, prompts {p_lo}-{p_hi} tokens (sum {sum(map(len, prompts))}), "
@@ -220,12 +256,16 @@ def print_table(name: str, rows: dict, note: dict) -> None:
     print("|---|---|---|---|---|---|---|---|")
     med = {e: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for e, rs in rows.items()}
     base = med["ms_atb"]["output_tok_s"]
+    ratios = {e: base / m["output_tok_s"] for e, m in med.items() if e != "ms_atb"}
     for e, m in med.items():
         ratio = "1.00x" if e == "ms_atb" else f"{base / m['output_tok_s']:.2f}x"
         reps = ", ".join(f"{r['output_tok_s']:.1f}" for r in rows[e])
         print(f"| {e}{note.get(e, '')} | {m['output_tok_s']:.1f} | {m['total_tok_s']:.1f} | "
               f"{m['ttft_p50_ms']:.0f} / {m['ttft_p99_ms']:.0f} | {m['tpot_p50_ms']:.1f} / {m['tpot_p99_ms']:.1f} | "
               f"{m['peak_rss_mib']:.0f} | {ratio} | {reps} |")
+    if ratios:
+        print("\n" + "; ".join(f"ms_atb / {e}: {r:.2f}x" for e, r in ratios.items()) + " (output tok/s)")
+    return ratios
 
 
 def gguf_path() -> str:
@@ -237,7 +277,7 @@ def gguf_path() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", choices=["hf", "llama.cpp"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["hf"], help=argparse.SUPPRESS)
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
@@ -248,17 +288,27 @@ def main() -> None:
     ap.add_argument("--peer-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"))
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
-    ap.add_argument("--llama-cpp-workloads", nargs="+", default=["mixed"],
-                    help="llama.cpp runs one sequence at a time: by default only on the mixed workload")
+    ap.add_argument("--llama-cpp-workloads", nargs="+", default=None, choices=sorted(WORKLOADS),
+                    help="the workloads llama.cpp batched serves (default: all of --workloads)")
+    ap.add_argument("--llama-cpp-parallel", type=int, default=None,
+                    help="sequences llama.cpp keeps in its KV cache at once (default: ms_atb's max_num_seqs)")
+    ap.add_argument("--llama-cpp-kv", choices=["split", "unified"], default="split",
+                    help="llama.cpp's KV cache: a stream per sequence (split; its advice for sequences that share "
+                         "no prefix) or one buffer that every sequence's attention spans (unified)")
+    ap.add_argument("--llama-cpp-bin", default=LLAMACPP_SERVE, help="the llamacpp_serve_batch driver")
     ap.add_argument("--json", default=os.path.join(ROOT, "out", "bench_throughput.json"))
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.gguf, args.threads)
     require_at_least(ap, args, 1, "repeats", "threads")
     writable_output(ap, args.json, "--json")
+    require_at_least(ap, args, 1, "llama_cpp_parallel")      # None: ms_atb's max_num_seqs
     bad = next((kv for kv in args.set if "=" not in kv or not kv.split("=", 1)[0]), None)
     if bad is not None:
         ap.error(f"--set expects KEY=VALUE, got {bad!r}")
+    if not args.no_llama_cpp and not os.access(args.llama_cpp_bin, os.X_OK):
+        ap.error(f"--llama-cpp-bin {args.llama_cpp_bin} is not an executable: build it with "
+                 f"`bash scripts/build_llamacpp_bench.sh`, or pass --no-llama-cpp")
     gguf = args.gguf or gguf_path()
     load0 = os.getloadavg()[0]
     print(f"hardware: {hardware()}")
@@ -266,27 +316,30 @@ def main() -> None:
     overrides = dict(kv.split("=", 1) for kv in args.set)
     # a leaf may be named with its section (model.weight_dtype=q4_1): LLM takes leaf names
     overrides = {k.rpartition(".")[2]: int(v) if v.isdigit() else v for k, v in overrides.items()}
+    peers = []
+    if not args.no_hf:              # loads while ms_atb builds: both before any clock starts
+        peers.append(Peer("hf", "hf", args.peer_python, gguf, args.threads))
+    os.environ["MS_ATB_NUM_THREADS"] = str(args.threads)      # read when the kernel library loads
     t0 = time.perf_counter()
     engines = {"ms_atb": MsAtbEngine(args.config, overrides)}
     print(f"ms_atb: built in {time.perf_counter() - t0:.1f} s (weights + {engines['ms_atb'].versions['graphs']}); "
           f"{engines['ms_atb'].versions}", flush=True)
-    peers = []
-    if not args.no_hf:
-        peers.append(Peer("hf", "hf", args.peer_python, gguf, args.threads))
-    if not args.no_llama_cpp and set(args.workloads) & set(args.llama_cpp_workloads):
-        if peer_has(args.peer_python, "llama_cpp"):
-            peers.append(Peer("llama.cpp", "llama.cpp", args.peer_python, gguf, args.threads))
-        else:
-            print("llama.cpp: llama-cpp-python is not installed in the bench venv; skipped")
+    llama_workloads = args.workloads if args.llama_cpp_workloads is None else args.llama_cpp_workloads
+    ms = engines["ms_atb"].versions
+    parallel = args.llama_cpp_parallel or ms["max_num_seqs"]
+    if not args.no_llama_cpp and set(args.workloads) & set(llama_workloads):
+        peers.append(LlamaCppBatched(args.llama_cpp_bin, gguf, args.threads, parallel,
+                                     max(parallel, ms["max_num_batched_tokens"]), args.llama_cpp_kv))
     for p in peers:
-        print(f"{p.name}: loaded in {p.info['load_s']:.1f} s; {p.info['versions']}", flush=True)
+        load = f"loaded in {p.info['load_s']:.1f} s; " if "load_s" in p.info else ""
+        print(f"{p.name}: {load}{p.info['versions']}", flush=True)
     print(f"ms_atb: Python {platform.python_version()}, numpy {np.__version__}; GGUF {gguf}")
-    note = {"llama.cpp": " (Q4_1 weights as stored, one sequence at a time)", "hf": " (fp32, batches of 16)",
-            "ms_atb": " (fp32)"}
-    results = {}
+    note = {"llama.cpp batched": f" (Q4_1 weights as stored, {parallel} sequences, continuous batching)",
+            "hf": " (fp32, batches of 16)", "ms_atb": f" (weight_dtype {ms['weight_dtype']}, cache_dtype {ms['cache_dtype']})"}
+    results, ratios = {}, {}
     for w in args.workloads:
         names = ["ms_atb"] + [p.name for p in peers
-                              if p.name != "llama.cpp" or w in args.llama_cpp_workloads]
+                              if p.name != "llama.cpp batched" or w in llama_workloads]
         rows = {n: [] for n in names}
         for r in range(args.repeats):
             for n in (names if r % 2 == 0 else names[::-1]):
@@ -298,7 +351,7 @@ def main() -> None:
                 print(f"  [{w} repeat {r + 1}] {n}: {res['output_tok_s']:.1f} output tok/s "
                       f"({res['elapsed_s']:.1f} s)", flush=True)
         results[w] = rows
-        print_table(w, rows, note)
+        ratios[w] = print_table(w, rows, note)
     for p in peers:
         p.close()
     print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
@@ -306,7 +359,7 @@ def main() -> None:
     with open(args.json, "w") as f:
         json.dump({"hardware": hardware(), "load_start": load0, "load_end": os.getloadavg()[0],
                    "versions": {"ms_atb": engines["ms_atb"].versions,
-                                **{p.name: p.info for p in peers}}, "results": results}, f, indent=1)
+                                **{p.name: p.info for p in peers}}, "results": results, "ratios": ratios}, f, indent=1)
     print(f"results: {args.json}")
 
 
