@@ -85,8 +85,8 @@ def plot_throughput(data: dict, out_dir: str) -> list[str]:
             if e in data["results"][w]:
                 xs.append(j + i * width)
                 ys.append(float(np.median([r["output_tok_s"] for r in data["results"][w][e]])))
-        label = {"llama.cpp": "llama.cpp (Q4_1 weights, 1 sequence at a time)",
-                 "hf": "HF transformers (fp32, batches of 16)", "ms_atb": "ms_atb (fp32)"}.get(e, e)
+        label = {"llama.cpp batched": "llama.cpp batched (Q4_1 weights, continuous batching)",
+                 "hf": "HF transformers (fp32, batches of 16)", "ms_atb": "ms_atb"}.get(e, e)
         bars = ax.bar(xs, ys, width, label=label)
         ax.bar_label(bars, fmt="%.0f", fontsize=8)
     ax.set_xticks([j + width * (len(engines) - 1) / 2 for j in range(len(wls))],
