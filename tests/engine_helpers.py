@@ -16,8 +16,8 @@ TINY_BUILD = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "num_blocks": 96,
 # The same caps as ms-atb-generate flags: a CLI run with them reuses the shared engine's graphs.
 TINY_CLI_SET = [arg for key, value in TINY_BUILD.items() for arg in ("--set", f"{key}={value}")]
 # What reset_scheduler() may change without recompiling.
-RESETTABLE = ("num_blocks", "enable_prefix_caching", "allocation", "enable_chunked_prefill", "max_num_seqs",
-              "max_num_batched_tokens")
+RESETTABLE = ("num_blocks", "enable_prefix_caching", "allocation", "policy", "enable_chunked_prefill",
+              "max_num_seqs", "max_num_batched_tokens")
 
 
 @functools.lru_cache(maxsize=1)
