@@ -47,3 +47,14 @@ def scheduler_settings(llm, **overrides):
         yield llm
     finally:
         llm.reset_scheduler(**before)
+
+
+def with_buckets(llm, buckets):
+    """llm, its runner limited to the token buckets `buckets` (ascending, the last one the engine's
+    max_num_batched_tokens) before any graph compiled: every step pads up to the first bucket that holds it, so
+    an engine built for one check compiles len(buckets) graphs, not one per bucket it meets. Padding changes
+    no real token's result: a padding token writes no cache slot and no sequence attends to it."""
+    runner = llm.runner
+    assert not runner.compiled and buckets == sorted(buckets) and buckets[-1] == runner.max_num_batched_tokens
+    runner.buckets = list(buckets)
+    return llm

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ms_atb import LLM, SamplingParams
+from engine_helpers import with_buckets
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +29,8 @@ def demo_conversations() -> list:
 
 def greedy_tokens(backend: str) -> list:
     """The 32 greedy tokens of each demo prompt (EOS ignored), one engine per call."""
-    llm = LLM(str(ROOT / "configs" / "smollm2_135m.yaml"), device="cpu", attention_backend=backend, **ENGINE)
-    llm.runner.buckets = BUCKETS
+    llm = with_buckets(LLM(str(ROOT / "configs" / "smollm2_135m.yaml"), device="cpu", attention_backend=backend,
+                           **ENGINE), BUCKETS)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     tokens = [o.token_ids for o in llm.chat(demo_conversations(), params, use_tqdm=False)]
     assert llm.runner.compiled == set(BUCKETS)
