@@ -20,6 +20,7 @@ def llm(tiny_llm):
     return tiny_llm
 
 
+@pytest.mark.slow               # 240 requests, twice
 def test_soak_frees_everything_and_matches_the_roomy_pool(llm):
     work = soak.make_workload(240, seed=1, max_model_len=MAX_MODEL_LEN)
     assert len({tuple(p) for p, _ in work}) < len(work)               # exact duplicates are in the workload
