@@ -95,8 +95,8 @@ def cli_on_tiny_engine(tiny_engine, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2_llm():
-    """The embedded default with small step caps and one graph (every step padded to 128 tokens: its linears
-    and attention skip the padding rows, and one SmolLM2 graph costs seconds of CPU to compile)."""
+    """The embedded default with small step caps and two graphs (one SmolLM2 graph costs ~10 CPU-seconds to
+    compile): decode steps of up to 8 sequences in the 8-token one, every other step padded to 128 tokens."""
     from ms_atb import LLM
     return with_buckets(LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), max_num_batched_tokens=128,
-                            max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False), [128])
+                            max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False), [8, 128])

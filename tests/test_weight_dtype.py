@@ -181,7 +181,7 @@ def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
     assert set(smollm2_llm.weight_formats.values()) == {"q4_1", "q8_0"}
     dense = with_buckets(LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="float32",
                              max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512, num_blocks=160,
-                             precompile=False), [128])
+                             precompile=False), [8, 128])
     assert dense.weight_formats == {}
     got = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
     assert all(len(g) == 24 for g in got)
