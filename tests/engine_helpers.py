@@ -16,8 +16,8 @@ TINY_BUILD = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "num_blocks": 96,
 # The same caps as ms-atb-generate flags: a CLI run with them reuses the shared engine's graphs.
 TINY_CLI_SET = [arg for key, value in TINY_BUILD.items() for arg in ("--set", f"{key}={value}")]
 # What reset_scheduler() may change without recompiling.
-RESETTABLE = ("num_blocks", "enable_prefix_caching", "allocation", "enable_chunked_prefill", "max_num_seqs",
-              "max_num_batched_tokens")
+RESETTABLE = ("num_blocks", "enable_prefix_caching", "allocation", "policy", "enable_chunked_prefill",
+              "max_num_seqs", "max_num_batched_tokens")
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,3 +47,14 @@ def scheduler_settings(llm, **overrides):
         yield llm
     finally:
         llm.reset_scheduler(**before)
+
+
+def with_buckets(llm, buckets):
+    """llm, its runner limited to the token buckets `buckets` (ascending, the last one the engine's
+    max_num_batched_tokens) before any graph compiled: every step pads up to the first bucket that holds it, so
+    an engine built for one check compiles len(buckets) graphs, not one per bucket it meets. Padding changes
+    no real token's result: a padding token writes no cache slot and no sequence attends to it."""
+    runner = llm.runner
+    assert not runner.compiled and buckets == sorted(buckets) and buckets[-1] == runner.max_num_batched_tokens
+    runner.buckets = list(buckets)
+    return llm

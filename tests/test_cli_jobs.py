@@ -14,11 +14,10 @@ import pytest
 from ms_atb.cli import main
 from ms_atb.output_file import OutputLock, done_ids
 from ms_atb.prompt_file import read_requests
+from engine_helpers import TINY_CLI_SET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
-SMALL = ["--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=32", "--set", "max_model_len=128",
-         "--set", "num_blocks=64"]
 HOLD = textwrap.dedent("""
     import sys, time
     from ms_atb.output_file import OutputLock
@@ -103,14 +102,15 @@ def test_stdin_text_or_jsonl_by_content(monkeypatch):
         read_requests("-")
 
 
-def test_stdin_run_writes_ids_back_as_given_and_resume_tells_7_from_quoted_7(tmp_path, monkeypatch):
+def test_stdin_run_writes_ids_back_as_given_and_resume_tells_7_from_quoted_7(tmp_path, monkeypatch,
+                                                                              cli_on_tiny_engine):
     out = tmp_path / "o.jsonl"
     out.write_text('{"id": 7, "text": "done before", "token_ids": [1]}\n')
     lines = [{"id": 7, "prompt": [1, 2, 3]}, {"id": "7", "prompt": [4, 5]}, {"id": 8, "prompt": [6]},
              {"prompt": [9, 9]}]
     _stdin(monkeypatch, "".join(json.dumps(x) + "\n" for x in lines).encode())
     assert main(["--config", TINY, "--input", "-", "--output", str(out), "--resume", "--no-progress",
-                 "--max-tokens", "2", "--ignore-eos", *SMALL]) == 0
+                 "--max-tokens", "2", "--ignore-eos", *TINY_CLI_SET]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0] == {"id": 7, "text": "done before", "token_ids": [1]}        # 7 ran before: skipped
     ran = {json.dumps(r["id"]): r for r in rows[1:]}

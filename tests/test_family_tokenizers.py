@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from ms_atb import LLM, SamplingParams
+from engine_helpers import with_buckets
 from ms_atb.text.tokenizer import load_tokenizer
 
 from family_files import write_gguf
@@ -91,7 +92,7 @@ def _family_dir(root, family: str):
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_chat(request, tmp_path_factory):
     folder, backend = _family_dir(tmp_path_factory.mktemp("fam"), request.param)
-    return request.param, LLM(str(folder), **SETTINGS), backend
+    return request.param, with_buckets(LLM(str(folder), **SETTINGS), [32]), backend     # one graph
 
 
 def test_chat_template_renders_the_family_format(family_chat):

@@ -14,13 +14,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 
 # Builds one or two tiny engines with the cache at argv[1] (argv[2]: num_blocks of the first) and prints,
-# per engine, its cache status, key directory and greedy tokens as one JSON line.
+# per engine, its cache status, key directory and greedy tokens as one JSON line. Steps of at most 2 tokens:
+# two graphs (token buckets 1 and 2) to compile, save and load in their recorded order.
 _RUN = """
 import json, sys
 from ms_atb import LLM, SamplingParams
 params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 for num_blocks in map(int, sys.argv[2].split(",")):
-    llm = LLM(%r, max_num_batched_tokens=8, max_num_seqs=2, num_blocks=num_blocks, compile_cache=sys.argv[1])
+    llm = LLM(%r, max_num_batched_tokens=2, max_num_seqs=2, num_blocks=num_blocks, compile_cache=sys.argv[1])
     outs = llm.generate([[1, 2, 3, 4, 5], list(range(100, 119))], params, use_tqdm=False)
     s = llm.runner.graph_stats()
     print(json.dumps([s["graph_cache"], s["graph_cache_path"], [o.token_ids for o in outs]]))

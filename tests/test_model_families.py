@@ -12,11 +12,13 @@ import pytest
 
 from ms_atb import LLM, SamplingParams
 from ms_atb.models.loader import load_config
+from engine_helpers import with_buckets
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "families")
 FAMILIES = ("llama3", "qwen2", "qwen3", "mistral")
 GGUF_FAMILIES = ("llama3", "qwen2", "qwen3")
 SETTINGS = dict(max_num_seqs=4, max_num_batched_tokens=32, num_blocks=64, max_model_len=128, precompile=False)
+BUCKETS = [32]           # one graph per engine: every step padded to 32 tokens
 # Both sides compute in float32 on the same float16 weights; the engine's kernels sum in another order.
 LOGPROB_TOL = 1e-3
 TOP = 20
@@ -34,7 +36,7 @@ def _greedy(n=16, **kw):
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_llm(request):
     family = request.param
-    llm = LLM(os.path.join(DATA, family), enable_prefix_caching=True, **SETTINGS)
+    llm = with_buckets(LLM(os.path.join(DATA, family), enable_prefix_caching=True, **SETTINGS), BUCKETS)
     return family, llm
 
 
@@ -122,7 +124,7 @@ def test_gguf_copy_gives_the_same_tokens(family):
     c, hf = load_config(path), load_config(os.path.join(DATA, family))
     assert (c.attention_bias, c.qk_norm, c.head_dim) == (hf.attention_bias, hf.qk_norm, hf.head_dim)
     assert c.rope_interleaved == (family == "llama3")      # llama.cpp permutes q/k rows of llama only
-    llm = LLM(path, **SETTINGS)
+    llm = with_buckets(LLM(path, **SETTINGS), BUCKETS)
     ref = _reference(family)["prompts"]
     outs = llm.generate([p["prompt_ids"] for p in ref], _greedy(logprobs=TOP), use_tqdm=False)
     for out, p in zip(outs, ref):

@@ -264,13 +264,29 @@ def test_an_unusable_kernel_cache_is_a_clear_error(tmp_path):
         build.compile_library(tmp_path / "afile" / "sub" / "k.so")
 
 
+# Each process builds one kernel source (seconds, where the whole library takes minutes), after both have
+# arrived at the barrier folder argv[1]: both look for the library at once, so both build it.
+_RACE = """
+import functools, os, sys, time
+from pathlib import Path
+from ms_atb.ops import build
+build.compile_library = functools.partial(build.compile_library, sources=("elementwise.cc",))
+barrier = Path(sys.argv[1])
+(barrier / str(os.getpid())).touch()
+while len(os.listdir(barrier)) < 2:
+    time.sleep(0.01)
+print(build.kernel_library())
+"""
+
+
 @pytest.mark.slow
 def test_racing_processes_share_one_cache(tmp_path):
-    code = "from ms_atb.ops import build; print(build.kernel_library())"
-    env = dict(os.environ, MS_ATB_KERNEL_CACHE=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    cache, barrier = tmp_path / "cache", tmp_path / "barrier"
+    barrier.mkdir()
+    env = dict(os.environ, MS_ATB_KERNEL_CACHE=str(cache))
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(barrier)], env=env, stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     paths = {p.communicate(timeout=300)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     library = os.path.basename(paths.pop())
-    assert not paths and sorted(os.listdir(tmp_path)) == [library, library + ".sha256"]   # and its recorded hash
+    assert not paths and sorted(os.listdir(cache)) == [library, library + ".sha256"]   # and its recorded hash

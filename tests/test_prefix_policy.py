@@ -13,10 +13,11 @@ TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 NUM_BLOCKS = 24          # 384 tokens: three 48-token prefixes do not stay cached beside the running requests
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(TINY, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, num_blocks=NUM_BLOCKS,
-               precompile=False)
+@pytest.fixture
+def llm(tiny_llm):
+    """The shared tiny engine (conftest.py) on a pool of NUM_BLOCKS; each run() sets its policy."""
+    tiny_llm.reset_scheduler(num_blocks=NUM_BLOCKS)
+    return tiny_llm
 
 
 def batch(seed=0):

@@ -6,23 +6,26 @@ from scripts_import import load_script
 
 soak = load_script("soak")
 
-# Smaller step caps than the script's engine, graphs compiled on first use: fewer graphs to compile.
-# The roomy pool holds max_num_seqs requests of max_model_len tokens.
-ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, num_blocks=32, precompile=False)
+# The shared tiny engine (conftest.py: smaller step caps than the script's engine) on prompts of up to
+# MAX_MODEL_LEN tokens: the roomy pool holds max_num_seqs requests of MAX_MODEL_LEN tokens.
+MAX_MODEL_LEN = 64
+ROOMY_BLOCKS = 32
 SMALL_BLOCKS = 12
 
 
-@pytest.fixture(scope="module")
-def llm():
-    from ms_atb import LLM
-    return LLM(soak.CONFIG, **ENGINE)
+@pytest.fixture
+def llm(tiny_llm):
+    sc, kv = tiny_llm.config.scheduler, tiny_llm.config.kv_cache
+    assert sc.max_num_seqs * MAX_MODEL_LEN <= ROOMY_BLOCKS * kv.block_size       # the reference never preempts
+    return tiny_llm
 
 
+@pytest.mark.slow               # 240 requests, twice
 def test_soak_frees_everything_and_matches_the_roomy_pool(llm):
-    work = soak.make_workload(240, seed=1, max_model_len=ENGINE["max_model_len"])
+    work = soak.make_workload(240, seed=1, max_model_len=MAX_MODEL_LEN)
     assert len({tuple(p) for p, _ in work}) < len(work)               # exact duplicates are in the workload
     assert any("seed" in params for _, params in work)
-    ref = soak.run_reference(llm, work, round_size=60, roomy_blocks=ENGINE["num_blocks"], log=None)
+    ref = soak.run_reference(llm, work, round_size=60, roomy_blocks=ROOMY_BLOCKS, log=None)
     assert all(r is not None for r in ref)
     f = soak.run_soak(llm, work, ref, round_size=60, small_blocks=SMALL_BLOCKS, seed=1, log=None)
     assert f["failures"] == []

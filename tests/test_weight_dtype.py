@@ -173,14 +173,15 @@ def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
     against their float32 dequantisation: greedy tokens equal on at least 3 of 4 prompts x 24 tokens."""
     import os
     from ms_atb import LLM, SamplingParams
-    from engine_helpers import ROOT
+    from engine_helpers import ROOT, with_buckets
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
                "The three primary colors are"]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     ref = [o.outputs[0].token_ids for o in smollm2_llm.generate(prompts, params, use_tqdm=False)]
     assert set(smollm2_llm.weight_formats.values()) == {"q4_1", "q8_0"}
-    dense = LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="float32", max_num_batched_tokens=128,
-                max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False)
+    dense = with_buckets(LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="float32",
+                             max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512, num_blocks=160,
+                             precompile=False), [8, 128])
     assert dense.weight_formats == {}
     got = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
     assert all(len(g) == 24 for g in got)
