@@ -4,8 +4,8 @@ The same measurement on both, on the embedded SmolLM2 GGUF: for each parallel co
 random prompt tokens are processed (prompt processing, PP tok/s = B * PP / time; ms_atb in steps of at most
 max_num_batched_tokens tokens, llama.cpp in llama_batch slices of 512), then TG steps each compute one new token
 of every sequence in one batch (token generation, TG tok/s = B * TG / time). Model steps only: no sampling and
-no scheduler on either side. ms_atb computes in float32 (`--set weight_dtype=...` passes a model setting
-through); llama.cpp runs the GGUF as stored (Q4_1). The engines alternate over repeats; the best repeat counts.
+no scheduler on either side. ms_atb's activations are float32, its weights as `model.weight_dtype` says (`--set
+weight_dtype=...` passes a model setting through); llama.cpp runs the GGUF as stored (Q4_1). The engines alternate over repeats; the best repeat counts.
     bash scripts/build_llamacpp_bench.sh        # once: builds the llama.cpp peer (requirements-bench.txt pin)
     .venv/bin/python scripts/bench_llamacpp_batched.py [--batches 1 8 32] [--pp 128] [--tg 32] [--repeats 2]
                                                        [--set KEY=VALUE ...] [--json FILE]
@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="threads of both: llama.cpp's, and ms_atb's kernels (MS_ATB_NUM_THREADS); default all cores")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="an ms_atb config leaf for its engine, e.g. weight_dtype=q4_1 (the section may be named)")
+                    help="an ms_atb config leaf for its engine, e.g. weight_dtype=int8 (the section may be named)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
