@@ -21,25 +21,33 @@ LONGEST_GROUPS = ("ascendc_e2e_cpu", "ascendc_e2e_ascendc", "smollm2", "test_asc
                   "test_cli_jobs.py")
 
 
+def _group(item) -> str:
+    """A test's own xdist_group, else its module's (SHARED_ENGINE_GROUPS: a group of modules)."""
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark else SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name)
+
+
+def pytest_itemcollected(item):
+    """Under pytest-xdist (scripts/test.sh: --dist loadgroup) a module, or a test's own xdist_group, is one unit
+    of work, so its module-scope engines are built once. The mark goes on as each test is collected, before
+    any pytest_collection_modifyitems (xdist's reads the marks there). Only a worker collects the tests it runs
+    (hence `workerinput`; a worker's numprocesses is None)."""
+    if hasattr(item.config, "workerinput") and item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh: --dist loadgroup --no-loadscope-reorder) a module (or a test's own
-    xdist_group) is one unit of work, so its module-scope engines are built once; a worker takes the next unit when it is free, and the
-    longest groups come first (LONGEST_GROUPS, then the other modules with slow tests), so that the run does
-    not end with one worker busy on a long module while the other idles."""
-    if not getattr(config.option, "numprocesses", None):
+    """A worker takes the next unit of work when it is free, and the longest groups come first
+    (LONGEST_GROUPS, then the other modules with slow tests), so that the run does not end with one worker
+    busy on a long module while the other idles."""
+    if not hasattr(config, "workerinput"):
         return
-    group = {}
-    for item in items:
-        mark = item.get_closest_marker("xdist_group")        # a test's own group, else its module's
-        group[item] = mark.args[0] if mark else SHARED_ENGINE_GROUPS.get(item.path.name, item.path.name)
-        if mark is None:
-            item.add_marker(pytest.mark.xdist_group(group[item]))
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
 
     def rank(item):
-        if group[item] in LONGEST_GROUPS:
-            return LONGEST_GROUPS.index(group[item])
+        if _group(item) in LONGEST_GROUPS:
+            return LONGEST_GROUPS.index(_group(item))
         return len(LONGEST_GROUPS) + (item.path not in slow_modules)
     items.sort(key=rank)        # stable: file order within a rank
 
