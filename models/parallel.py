@@ -119,22 +119,25 @@ def shard_slice(name: str, full_shape, config, tp_size: int, tp_rank: int) -> tu
 class _Linear(nn.Cell):
     """x @ W with W [in, out] kept in the layout the device multiplies fastest: on the CPU in float32,
     packed column panels [ceil(out / 16), in, 16] for our PackedMatMul kernel; elsewhere [in, out] for
-    MindSpore's MatMul. fmt (CPU, float32 activations only): a quantized format of ops/quant_matmul.py
-    ("q8_0", "q4_0", "q4_1", "int8"), W then held as its panels of blocks [P, panel_bytes] int8 for
-    QuantMatMul. Fill it with set_weight([in, out] float array; int8 quantizes it) or, for a GGUF block
-    format, set_blocks([out, bytes] GGUF rows)."""
+    MindSpore's MatMul. fmt (CPU only): a quantized format of ops/quant_matmul.py ("q8_0", "q4_0", "q4_1",
+    "int8"), W then held as its panels of blocks [P, panel_bytes] int8 for QuantMatMul. Our CPU kernels
+    multiply float32: a float16 / bfloat16 model's activations are cast to float32 and back around them,
+    which costs two casts a linear where MindSpore's half-precision CPU MatMul costs several times the
+    multiply. Fill it with set_weight([in, out] float array; int8 quantizes it) or, for a GGUF block format,
+    set_blocks([out, bytes] GGUF rows)."""
 
     def __init__(self, in_features: int, out_features: int, dtype, device: str, fmt: str = "float32"):
         super().__init__()
         self.in_features, self.out_features, self.dtype, self.fmt = in_features, out_features, dtype, fmt
         self.quantized = fmt != "float32"
-        assert not self.quantized or (device == "cpu" and dtype == ms.float32), "the engine checks weight_dtype"
-        self.packed = device == "cpu" and dtype == ms.float32 and not self.quantized
+        assert not self.quantized or device == "cpu", "the engine checks weight_dtype"
+        self.packed = device == "cpu" and not self.quantized
         if self.quantized:
             shape, wtype = quant_matmul.packed_shape(fmt, in_features, out_features), ms.int8
+        elif self.packed:
+            shape, wtype = packed_shape(in_features, out_features), ms.float32
         else:
-            shape = packed_shape(in_features, out_features) if self.packed else (in_features, out_features)
-            wtype = dtype
+            shape, wtype = (in_features, out_features), dtype
         self.weight = ms.Parameter(initializer("zeros", shape, wtype), name="weight")
         self.packed_matmul = PackedMatMul(out_features) if self.packed else None
         self.quant_matmul = QuantMatMul(fmt, out_features) if self.quantized else None
@@ -149,19 +152,25 @@ class _Linear(nn.Cell):
             return
         if self.quantized:   # a GGUF format from floats: the loader converts before it gets here
             raise ValueError(f"a {self.fmt} linear takes GGUF blocks (set_blocks), not float weights")
-        data = pack_weight(w) if self.packed else np.ascontiguousarray(w, np.float32)
-        self.weight.set_data(ms.Tensor(data, self.dtype))
+        if self.packed:
+            self.weight.set_data(ms.Tensor(pack_weight(w), ms.float32))
+        else:
+            self.weight.set_data(ms.Tensor(np.ascontiguousarray(w, np.float32), self.dtype))
 
     def set_blocks(self, rows: np.ndarray) -> None:
         """rows [out, in / 32 * block bytes] uint8: GGUF blocks of this linear's format, one row per output."""
         self.weight.set_data(ms.Tensor(quant_matmul.pack_gguf(rows, self.fmt, self.in_features), ms.int8))
 
     def matmul(self, x, rows=None):  # [T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all)
+        if not (self.quantized or self.packed):
+            return ops.matmul(x, self.weight)
+        half = self.dtype != ms.float32
+        x32 = x.astype(ms.float32) if half else x
         if self.quantized:
-            return self.quant_matmul(x, self.weight, rows)
-        if self.packed:
-            return self.packed_matmul(x, self.weight, rows)
-        return ops.matmul(x, self.weight)
+            y = self.quant_matmul(x32, self.weight, rows)
+        else:
+            y = self.packed_matmul(x32, self.weight, rows)
+        return y.astype(self.dtype) if half else y
 
 
 class ColumnParallelLinear(_Linear):

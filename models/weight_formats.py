@@ -23,19 +23,19 @@ def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:
     return [(name, parts, parts) for name, parts in groups] + [("lm_head", ("lm_head.weight",), (head,))]
 
 
-def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1, device: str = "cpu",
-                   dtype: str = "float32") -> tuple[dict, list[str]]:
+def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1,
+                   device: str = "cpu") -> tuple[dict, list[str]]:
     """({HF weight name: quantized format} of the linears kept quantized, log lines saying what was chosen).
 
     weight_dtype (model.weight_dtype): "float32": none; "int8": every linear (lm_head too) per-output-channel
     int8; "auto": a GGUF's linears as stored when all their parts are Q8_0, Q4_0 or Q4_1 of one type, as Q8_0
     when they are of other quantized types or mixed (re-quantized on load from the dequantised values), float32
-    when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU and float32
-    activations; elsewhere none is kept. A tied lm_head's format is the embedding's (the gather reads a float32
-    copy of the embedding)."""
+    when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU (our kernels, which
+    multiply float32 activations: a half-precision model casts around them); elsewhere none is kept. A tied
+    lm_head's format is the embedding's (the gather reads a float32 copy of the embedding)."""
     if weight_dtype not in ("auto", "float32", "int8"):
         raise ValueError(f"weight_dtype must be one of ['auto', 'float32', 'int8'], got {weight_dtype!r}")
-    if weight_dtype == "float32" or device != "cpu" or dtype != "float32":
+    if weight_dtype == "float32" or device != "cpu":
         return {}, []
     groups = linear_groups(config)
     if weight_dtype == "int8":

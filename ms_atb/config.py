@@ -164,9 +164,6 @@ class EngineConfig:
         if m.weight_dtype == "int8" and kind == "npu":
             raise ValueError("model.weight_dtype 'int8' runs on the CPU only (context.device 'cpu'); on 'npu' "
                              "use 'auto' or 'float32' (weights in model.dtype)")
-        if m.weight_dtype == "int8" and m.dtype != "float32":
-            raise ValueError(f"model.weight_dtype 'int8' multiplies float32 activations; model.dtype is "
-                             f"{m.dtype!r}: set model.dtype float32, or weight_dtype 'auto' or 'float32'")
         _choice("context.mode", self.context.mode, ("graph",))
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
         _choice("scheduler.policy", sc.policy, ("auto",) + POLICIES)

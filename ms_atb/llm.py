@@ -89,7 +89,7 @@ class LLM:
         else:
             self.num_blocks = kv.num_blocks
         self.weight_formats, notes = weight_formats(cfg.model.path, self.model_config, cfg.model.weight_dtype, tp,
-                                                    parse_device(cfg.context.device)[0], cfg.model.dtype)
+                                                    parse_device(cfg.context.device)[0])
         for note in notes:
             self._log(note)
         if cfg.context.device == "cpu":
@@ -118,9 +118,9 @@ class LLM:
             raise ValueError(f"the KV cache ({self.num_blocks} blocks, {kv / 2**30:.1f} GiB) does not fit in the "
                              f"{free / 2**30:.1f} GiB of memory available; lower kv_cache.num_blocks or "
                              f"kv_cache.memory_budget")
-        half = cfg.model.dtype in ("float16", "bfloat16")     # float32 linears are packed on the CPU
+        half = cfg.model.dtype in ("float16", "bfloat16")     # the CPU's linears are float32 panels either way
         weights = memory_budget.weight_bytes(self.model_config, cfg.parallel.tensor_parallel_size,
-                                             2 if half else 4, packed=not half, formats=self.weight_formats)
+                                             2 if half else 4, packed=True, formats=self.weight_formats)
         memory_budget.check_fits(weights, kv, free, f"the model {cfg.model.path!r} with {self.num_blocks} KV blocks")
 
     def build(self) -> None:

@@ -5,8 +5,9 @@ Rules:
   1. weight_bytes counts what LlamaForCausalLM holds (models/llama.py): the embedding, every layer's
      norms, fused q/k/v, o, fused gate/up and down, the final norm, an lm_head of its own even when the
      embeddings are tied (a transposed copy), and the RoPE tables. Projections are split over the tensor-
-     parallel ranks (KV heads replicated past num_key_value_heads); the rest is replicated. On the CPU in
-     float32 the linears are stored in panels of 16 output columns (ops/matmul.py), padded; a linear kept
+     parallel ranks (KV heads replicated past num_key_value_heads); the rest is replicated. On the CPU
+     (`packed`) the linears are stored in float32 panels of 16 output columns (ops/matmul.py), padded, whatever
+     the model's dtype (`itemsize`: the bytes of the other parameters); a linear kept
      quantized (`formats`, models/weight_formats.py) holds its panels of blocks (ops/quant_matmul.py:
      per 32 rows of k and 16 columns, QUANT_BLOCK_BYTES; int8 adds 16 float32 scales a panel).
   2. available_bytes is the least of /proc/meminfo's MemAvailable and the headroom of every memory cgroup
@@ -43,7 +44,7 @@ def weight_bytes(config, tp_size: int, itemsize: int, packed: bool, formats: dic
         if fmt is not None:
             panels = -(-n_out // PANEL)
             return panels * (QUANT_HEADER_BYTES[fmt] + -(-n_in // 32) * QUANT_BLOCK_BYTES[fmt])
-        return n_in * (-(-n_out // PANEL) * PANEL if packed else n_out) * itemsize
+        return n_in * (-(-n_out // PANEL) * PANEL * 4 if packed else n_out * itemsize)
 
     layers = 0
     for i in range(c.num_hidden_layers):

@@ -21,7 +21,7 @@ if [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$STAMP" ] && [ -x "$OUT/bin/${DRIVERS
   echo "$OUT/bin"; exit 0
 fi
 mkdir -p "$OUT/src" "$OUT/bin"
-SDIST="$(ls -t "$OUT"/src/llama_cpp_python-*.tar.gz 2>/dev/null | head -1)"
+SDIST="$(ls -t "$OUT"/src/llama_cpp_python-*.tar.gz 2>/dev/null | head -1 || true)"   # none yet: empty
 if [ -z "$SDIST" ]; then
   # The sdist carries the exact llama.cpp commit that llama-cpp-python binds.
   "$PY" -m pip download -q --no-deps --no-binary :all: "$PIN" -d "$OUT/src"

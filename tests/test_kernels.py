@@ -187,9 +187,17 @@ def test_column_parallel_linear_out_17_exactly_like_numpy():
     assert out.shape == (7, 17) and np.array_equal(out, x @ w)
 
 
-def test_linear_keeps_plain_layout_off_the_fused_path():
-    lin = ColumnParallelLinear(8, 17, dtype=ms.float16)
-    assert not lin.packed and tuple(lin.weight.shape) == (8, 17)
+def test_linear_keeps_plain_layout_off_the_cpu_and_packs_half_precision_on_it():
+    lin = ColumnParallelLinear(8, 17, dtype=ms.float16, device="npu")
+    assert not lin.packed and tuple(lin.weight.shape) == (8, 17) and lin.weight.dtype == ms.float16
+    half = ColumnParallelLinear(70, (9, 8), dtype=ms.float16)       # the CPU: float32 panels, casts around them
+    assert half.packed and tuple(half.weight.shape) == packed_shape(70, 17) and half.weight.dtype == ms.float32
+    rng = np.random.default_rng(3)
+    x = rng.integers(-4, 5, (7, 70)).astype(np.float16)
+    w = rng.integers(-4, 5, (70, 17)).astype(np.float32)
+    half.set_weight(w)
+    out = run(Apply(half), x)
+    assert out.dtype == np.float16 and np.array_equal(out, (x.astype(np.float32) @ w).astype(np.float16))
 
 
 def close(out, ref, tol):

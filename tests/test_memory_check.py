@@ -62,8 +62,15 @@ def test_weight_bytes_is_what_the_model_holds(tied):
     model = LlamaForCausalLM(config, num_blocks=4, block_size=16, dtype=ms.float32, device="cpu")
     held = sum(p.size for p in model.get_parameters() if "_cache." not in p.name)
     assert weight_bytes(config, 1, 4, packed=True) == held * 4
+    # float16 on the CPU: the linears float32 panels like float32's, every other parameter 2 bytes
     half = LlamaForCausalLM(config, num_blocks=4, block_size=16, dtype=ms.float16, device="cpu")
-    assert weight_bytes(config, 1, 2, packed=False) == sum(p.size for p in half.get_parameters()
+    assert weight_bytes(config, 1, 2, packed=True) == sum(
+        p.size * (4 if p.dtype == ms.float32 else 2) for p in half.get_parameters() if "_cache." not in p.name)
+    assert any(p.dtype == ms.float16 for p in half.get_parameters())
+    # elsewhere (the NPU) every parameter is in the model's dtype, the linears [in, out] unpadded
+    npu = LlamaForCausalLM(config, num_blocks=4, block_size=16, dtype=ms.float16, device="npu",
+                           attention_backend="mindspore")
+    assert weight_bytes(config, 1, 2, packed=False) == sum(p.size for p in npu.get_parameters()
                                                           if "_cache." not in p.name) * 2
 
 

@@ -99,8 +99,7 @@ def test_config_validates_weight_dtype():
         EngineConfig.load("random:tiny-llama", weight_dtype="int4")
     with pytest.raises(ValueError, match="runs on the CPU only"):
         EngineConfig.load("random:tiny-llama", weight_dtype="int8", device="npu")
-    with pytest.raises(ValueError, match="set model.dtype float32"):
-        EngineConfig.load("random:tiny-llama", weight_dtype="int8", dtype="float16")
+    assert EngineConfig.load("random:tiny-llama", weight_dtype="int8", dtype="float16").model.dtype == "float16"
     EngineConfig.load("random:tiny-llama", weight_dtype="auto", device="npu")    # auto: the weights in model.dtype
 
 
@@ -116,7 +115,7 @@ def test_gguf_formats_kept_and_converted(gguf_model):
     assert "model.embed_tokens.weight" not in formats                           # the gather reads float32
     assert any("q4_0+q8_0 converted to q8_0" in n for n in notes), notes
     assert weight_formats(path, config, "float32") == ({}, [])
-    assert weight_formats(path, config, "auto", dtype="float16") == ({}, [])
+    assert weight_formats(path, config, "auto", device="npu") == ({}, [])      # the NPU: weights in model.dtype
     assert weight_formats("random:tiny-llama", loader.load_config("random:tiny-llama"), "auto") == ({}, [])
     with pytest.raises(ValueError, match="weight_dtype must be one of"):
         weight_formats(path, config, "q4")
@@ -165,6 +164,25 @@ def test_int8_quantized_on_load():
     assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max()
     assert int(np.argmax(got)) == int(np.argmax(ref))
     assert memory_budget.weight_bytes(config, 1, 4, True, formats) == held_bytes(model)
+
+
+def test_a_float16_model_keeps_its_linears_quantized_on_the_cpu(gguf_model):
+    """float16 on the CPU: the linears hold the stored blocks (the embedding and norms float16) and multiply
+    float32 casts of the activations; the logits follow the float32 model's up to the float16 rounding of the
+    activations between the linears."""
+    dtype = ms.float16
+    ms.set_context(mode=ms.GRAPH_MODE)
+    path, config, held = gguf_model
+    formats, _ = weight_formats(path, config, "auto")
+    model = LlamaForCausalLM(config, NB, BS, dtype=dtype, weight_formats=formats)
+    model.load_weights(loader.iter_weights(path, config, formats=formats))
+    assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8 and model.embed_tokens.dtype == dtype
+    full = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
+    full.load_weights(loader.iter_weights(path, config, formats=formats))
+    got, ref = logits(model, TOKENS), logits(full, TOKENS)
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
+    assert int(np.argmax(got)) == int(np.argmax(ref))
+    assert memory_budget.weight_bytes(config, 1, 2, True, formats) == held_bytes(model)
 
 
 @pytest.mark.slow

@@ -119,7 +119,7 @@ class ModelRunner:
         backend = config.kv_cache.attention_backend
         self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
         self.weight_formats, _ = weight_formats(model_path, self.model_config, config.model.weight_dtype,
-                                                tp_size, device, config.model.dtype)
+                                                tp_size, device)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats)
