@@ -97,6 +97,12 @@ class LlamaForCausalLM(nn.Cell):
         h, seqs = self.last_token_norm(h, residual, query_start_loc, self.norm.weight)
         return self.lm_head(h, seqs).astype(ms.float32)  # [B, V], padded sequences' rows zero
 
+    def weight_parameters(self) -> dict:
+        """{name: Parameter} of everything but the KV pool: what load_weights fills and the RoPE tables."""
+        pool = {id(p) for caches in (self.key_caches, self.value_caches, self.key_scale_caches,
+                                     self.value_scale_caches) if caches is not None for p in caches}
+        return {p.name: p for p in self.get_parameters() if id(p) not in pool}
+
     def _weight_targets(self) -> dict:
         """HF name -> (Parameter, or the linear it is a slice of; column offset in that linear or None for
         a whole Parameter; HF-layout shape [out, in])."""
