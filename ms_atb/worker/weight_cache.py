@@ -1,19 +1,24 @@
 """WeightCache: a model's weights as the model holds them (re-laid in panels, dequantised, fused), kept on disk
 between runs beside the compiled graphs (context.compile_cache, in its `weights/` folder), so a later run
-reads them in one pass instead of converting the model file again.
+maps them instead of converting the model file again.
 
 - one entry per key, which hashes everything the held weights depend on: ms_atb's sources, MindSpore's
   version, the model file(s) (path, size, mtime), the model's config, dtype, weight formats, device and
   tensor-parallel rank. Weights computed rather than read (random:<preset> models) are not kept;
-- an entry is two files: `<key>.bin`, every weight's bytes back to back, and `<key>.json`, its index (the
-  key, the data's size, and each weight's name, dtype, shape and offset). Each is written under a temporary
-  name and renamed into place, the index last, so a reader never sees a partial entry;
+- an entry is two files: `<key>.bin`, every weight's bytes back to back (each at a multiple of ALIGN bytes),
+  and `<key>.json`, its index (the key, the data's size, and each weight's name, dtype, shape and offset).
+  Each is written under a temporary name and renamed into place, the index last, so a reader never sees a
+  partial entry; an entry's files are never written in place (published by rename, evicted by unlink);
+- a loaded model's weights stay memory-mapped from `<key>.bin` (copy-on-write, so the file is never
+  changed): nothing is copied at start, a page is read from the OS's page cache when first used, and the
+  processes of one model share those pages. (A file truncated in place under a running engine, by hand,
+  would make its next read of a lost page fail: the engine never does that.)
 - an entry is used only when its index names exactly the model's weights, with their dtypes and shapes, and
   the data file has the recorded size; any other (torn, stale, foreign) is removed with a warning, and the
   weights are read from the model file and saved afresh;
 - the folder follows rule 1 of ops/trusted_cache.py (the user's own, closed to others' writes). An entry is
   data read as raw bytes, never code nor a pickle: it is size-checked, not hashed (a sha256 over SmolLM2's
-  200 MiB of held weights costs a sixth of a second, a sixth of what the cache saves);
+  204 MiB of held weights costs 0.17 s of CPU, ten times what mapping them costs);
 - the folder keeps the MAX_ENTRIES entries used last (an entry's index is touched when it loads).
 """
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 
 FORMAT = 1                 # bump when the entry layout or the key changes
 MAX_ENTRIES = 8
+ALIGN = 64                 # each weight starts at a multiple of 64 bytes: aligned for every dtype and vector load
 _DTYPES = ("float32", "float16", "int8", "uint8", "int32")    # numpy dtypes an entry may hold
 
 
@@ -73,11 +79,10 @@ class WeightCache:
         import mindspore as ms
         try:
             entries = self._check(weights)
-            data = np.memmap(self.data_path, np.uint8, "r")
+            data = np.memmap(self.data_path, np.uint8, "c")     # copy-on-write: the file is never written
             for name, dtype, shape, offset in entries:
                 size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                array = data[offset:offset + size].view(dtype).reshape(shape)
-                weights[name].set_data(ms.Tensor(array))      # a copy: the entry may be replaced later
+                weights[name].set_data(ms.from_numpy(data[offset:offset + size].view(dtype).reshape(shape)))
             del data
             os.utime(self.index_path)                          # used last: kept by the eviction
         except (OSError, ValueError) as e:
@@ -123,6 +128,9 @@ class WeightCache:
                     f.write(array.data)
                     entries.append([name, str(array.dtype), list(array.shape), offset])
                     offset += array.nbytes
+                    pad = -offset % ALIGN
+                    f.write(bytes(pad))
+                    offset += pad
             index_tmp.write_text(json.dumps({"format": FORMAT, "key": self.key, "bytes": offset,
                                              "weights": entries}))
             os.replace(data_tmp, self.data_path)
