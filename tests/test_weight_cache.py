@@ -123,7 +123,20 @@ def _break_key(cache):
     cache.index_path.write_text(json.dumps(index))
 
 
-@pytest.mark.parametrize("damage", [_break_truncated, _break_json, _break_shapes, _break_key])
+def _break_offset(cache):
+    index = json.loads(cache.index_path.read_text())
+    index["weights"][-1][3] = index["bytes"]                # past the end of the data
+    cache.index_path.write_text(json.dumps(index))
+
+
+def _break_layout(cache):
+    index = json.loads(cache.index_path.read_text())
+    index["weights"] = {"not": "a list"}
+    cache.index_path.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("damage", [_break_truncated, _break_json, _break_shapes, _break_key, _break_offset,
+                                    _break_layout])
 def test_a_damaged_entry_is_removed_with_a_warning_and_rebuilt(gguf_model, tmp_path, damage):
     first = runner(gguf_model, tmp_path)
     want = held(first)

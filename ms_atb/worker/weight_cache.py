@@ -81,8 +81,8 @@ class WeightCache:
             entries = self._check(weights)
             data = np.memmap(self.data_path, np.uint8, "c")     # copy-on-write: the file is never written
             for name, dtype, shape, offset in entries:
-                size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                weights[name].set_data(ms.from_numpy(data[offset:offset + size].view(dtype).reshape(shape)))
+                nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                weights[name].set_data(ms.from_numpy(data[offset:offset + nbytes].view(dtype).reshape(shape)))
             del data
             os.utime(self.index_path)                          # used last: kept by the eviction
         except (OSError, ValueError) as e:
@@ -100,13 +100,20 @@ class WeightCache:
             raise ValueError(f"index is not JSON ({e})") from None
         if not isinstance(index, dict) or index.get("key") != self.key or index.get("format") != FORMAT:
             raise ValueError("index of another key or format")
-        entries = [(n, d, tuple(s), o) for n, d, s, o in index["weights"]]
+        try:
+            entries = [(n, d, tuple(s), o) for n, d, s, o in index["weights"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("index has no list of [name, dtype, shape, offset] weights") from None
         want = {name: (_dtype_name(p), tuple(p.shape)) for name, p in weights.items()}
         if {n: (d, s) for n, d, s, _ in entries} != want or len(entries) != len(want):
             raise ValueError("index names other weights, dtypes or shapes than the model's")
         size = os.path.getsize(self.data_path)
-        if size != index["bytes"]:
-            raise ValueError(f"data file holds {size} bytes, the index records {index['bytes']}")
+        if size != index.get("bytes"):
+            raise ValueError(f"data file holds {size} bytes, the index records {index.get('bytes')}")
+        for name, dtype, shape, offset in entries:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            if type(offset) is not int or offset < 0 or offset % ALIGN or offset + nbytes > size:
+                raise ValueError(f"weight {name} at offset {offset!r} does not lie in the data file")
         return entries
 
     def save(self, weights: dict) -> None:
