@@ -1,0 +1,26 @@
+"""ms-atb-generate's start-up: run as its own process it freezes the collector once the engine is built (the engine
+lives as long as the process); called as a function, in a process that goes on, it leaves the collector alone."""
+import json
+import os
+import sys
+
+from ms_atb import cli
+from engine_helpers import TINY_CLI_SET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
+
+
+def test_only_the_commands_own_process_freezes_the_collector(tmp_path, cli_on_tiny_engine, monkeypatch):
+    frozen = []
+    monkeypatch.setattr(cli.gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(cli, "watch_signals", lambda: None)        # the test process keeps its own handlers
+    inp, out = tmp_path / "p.txt", tmp_path / "o.jsonl"
+    inp.write_text("hello\n")
+    argv = ["--config", TINY, "--input", str(inp), "--output", str(out), "--overwrite", "--no-progress",
+            "--max-tokens", "2", "--ignore-eos", *TINY_CLI_SET]
+    assert cli.main(argv) == 0 and frozen == []
+    called = json.loads(out.read_text())
+    monkeypatch.setattr(sys, "argv", ["ms-atb-generate"] + argv)
+    assert cli.main() == 0 and frozen == [True]
+    assert json.loads(out.read_text())["token_ids"] == called["token_ids"] and len(called["token_ids"]) == 2
