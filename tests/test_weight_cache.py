@@ -172,7 +172,7 @@ def test_only_the_entries_used_last_are_kept(tmp_path, monkeypatch):
     for i, cache in enumerate(caches[:2]):
         cache.save(w)
         os.utime(cache.index_path, ns=(i * 10**9, i * 10**9))
-    assert caches[0].load(w)                        # used last now: the older one, caches[1], goes
+    assert caches[0].load(w)                        # caches[0] becomes the one used last: caches[1] goes
     caches[2].save(w)
     assert sorted(os.listdir(tmp_path / "weights")) == sorted(c.key + e for c in (caches[0], caches[2])
                                                                for e in (".bin", ".json"))
