@@ -53,10 +53,11 @@ class LlamaForCausalLM(nn.Cell):
         kvh = num_kv_heads_per_rank(config, tp_size)
         shape = (num_blocks, block_size, kvh, config.head_dim)
 
+        # The pool starts as an initializer, not an array: its zeros are allocated when the graph first runs,
+        # as pages the OS maps on first write, so a block's pages are touched when a sequence first writes it.
         def caches(name, shape, dtype):
-            zeros = np.zeros(shape, np.int8 if dtype == ms.int8 else np.float32)
-            return ms.ParameterTuple(ms.Parameter(ms.Tensor(zeros, dtype), name=f"{name}.{i}", requires_grad=False)
-                                     for i in range(config.num_hidden_layers))
+            return ms.ParameterTuple(ms.Parameter(initializer("zeros", shape, dtype), name=f"{name}.{i}",
+                                                  requires_grad=False) for i in range(config.num_hidden_layers))
         self.key_caches = caches("key_cache", shape, cache_dtype)  # per layer [NB, BS, KVH, D]
         self.value_caches = caches("value_cache", shape, cache_dtype)
         # int8: one scale per slot and KV head, indexed by the values' slot, so it moves with its block.
@@ -95,6 +96,12 @@ class LlamaForCausalLM(nn.Cell):
         # padded ones own none: lm_head skips them (seqs int32 [1]: the real ones).
         h, seqs = self.last_token_norm(h, residual, query_start_loc, self.norm.weight)
         return self.lm_head(h, seqs).astype(ms.float32)  # [B, V], padded sequences' rows zero
+
+    def weight_parameters(self) -> dict:
+        """{name: Parameter} of everything but the KV pool: what load_weights fills and the RoPE tables."""
+        pool = {id(p) for caches in (self.key_caches, self.value_caches, self.key_scale_caches,
+                                     self.value_scale_caches) if caches is not None for p in caches}
+        return {p.name: p for p in self.get_parameters() if id(p) not in pool}
 
     def _weight_targets(self) -> dict:
         """HF name -> (Parameter, or the linear it is a slice of; column offset in that linear or None for

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import itertools
 import json
 import os
@@ -95,7 +96,9 @@ def main(argv=None) -> int:
     neither MindSpore nor numpy at its top."""
     if argv is None:
         watch_signals()
+        gc.disable()        # until the engine is built (see _run): imports and build leave almost no cycles
     args = parse_args(argv)
+    args.own_process = argv is None     # the engine then lives as long as the process
     quiet.set_up(args.verbose)          # before MindSpore is imported: it reads its log level then
     try:
         return _merge(args) if args.merge else _main(args)
@@ -269,6 +272,13 @@ def _run(args, items: list[dict], held: contextlib.ExitStack) -> int:
     idle = dp > 1 and not requests         # this replica's share is done: no model to build
     if not idle:
         llm.build()
+    if args.own_process:
+        # The engine and MindSpore's modules live as long as this process: the collector need not scan them
+        # again, neither in the full collection MindSpore starts each graph's compile (or load) with, nor at
+        # exit (half a second of CPU each time otherwise). Collecting while they were made cost 0.3 s more
+        # (for ~3,000 objects of cycles, kept from here on).
+        gc.freeze()
+        gc.enable()
     rank0 = llm.rank == 0
     if rank0:
         skipped = f", {len(invalid)} invalid written as error lines" if invalid else ""

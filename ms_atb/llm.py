@@ -139,6 +139,8 @@ class LLM:
             if cfg.context.precompile:
                 runner.warmup()
         self.runner = runner
+        if runner.weight_cache.status != "off":
+            self._log(f"weight cache {runner.weight_cache.status} ({runner.weight_cache.index_path})")
         stats = runner.graph_stats()
         where = {"skipped": " (an earlier engine of this process uses it)",
                  "unavailable": " (no entry script file, as under python -c)"}.get(

@@ -17,6 +17,16 @@ def _fused(device: str, dtype) -> bool:
     return device == "cpu" and dtype == ms.float32
 
 
+# Output shapes of the aot ops with two outputs, as functions of the input shapes. Module functions, not
+# lambdas: build.aot_op keys its one primitive per kernel on them, and every layer's norm shares it.
+def _add_rms_norm_shapes(x, *_):
+    return x, x                                      # h, norm(h): [T, H] each
+
+
+def _last_token_norm_shapes(x, residual, query_start_loc, *_):
+    return [query_start_loc[0] - 1, x[1]], [1]       # y [B, H], seqs [1]
+
+
 class RmsNorm(nn.Cell):
     """norm(x [T, H], weight [H]) -> [T, H]: x * rsqrt(mean(x^2) + eps) * weight (statistics in float32)."""
 
@@ -46,7 +56,7 @@ class AddRmsNorm(nn.Cell):
         self.norm = RmsNorm(eps, dtype, device)
         if self.fused:
             self.op = build.aot_op("AddRmsNorm", ("x", "residual", "weight", "eps"), (ms.float32, ms.float32),
-                                   lambda x, *_: (x, x))
+                                   _add_rms_norm_shapes)
 
     def construct(self, x, residual, weight):
         if self.fused:
@@ -66,7 +76,7 @@ class LastTokenNorm(nn.Cell):
         self.norm = RmsNorm(eps, dtype, device)
         if self.fused:
             self.op = build.aot_op("LastTokenNorm", ("x", "residual", "query_start_loc", "weight", "eps"),
-                                   (ms.float32, ms.int32), lambda x, r, qsl, *_: ([qsl[0] - 1, x[1]], [1]))
+                                   (ms.float32, ms.int32), _last_token_norm_shapes)
 
     def construct(self, x, residual, query_start_loc, weight):
         if self.fused:

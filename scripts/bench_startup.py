@@ -1,20 +1,26 @@
 """Where the time to the first generated token goes, cold (an empty graph cache) and warm (the second run).
 
 Each run is a fresh process on the embedded default (configs/smollm2_135m.yaml), one chat prompt, one output
-token, with the graph cache in a fresh directory shared by the two runs. The parent times the process from its
-start to the first token; the process reports its phases: importing MindSpore and ms_atb, preparing the
-engine (config, tokenizer), the kernel library's load (built at install by scripts/setup_env.sh), the model
-runner (weights), and each graph compiled or loaded, in wall and CPU seconds. The C++ kernels' build is not
-counted: it happens at install.
-    .venv/bin/python scripts/bench_startup.py [--runs 2] [--config configs/smollm2_135m.yaml] [--set KEY=VALUE]
+token, with the graph cache (and the weights kept beside it) in a fresh directory shared by the runs. The parent
+times the process from its start to the first token; the process reports its phases: importing MindSpore and
+ms_atb, preparing the engine (config, tokenizer), the kernel library's load (built at install by
+scripts/setup_env.sh), the model runner (weights), and each graph compiled or loaded, in wall and CPU seconds.
+The C++ kernels' build is not counted: it happens at install.
+With --cli each run is instead a whole `ms-atb-generate --chat --max-tokens 1` process on that prompt, timed
+from its start to its exit: wall seconds, and CPU seconds (user + sys, its threads included) from the OS.
+    .venv/bin/python scripts/bench_startup.py [--runs 2] [--cli] [--config configs/smollm2_135m.yaml] [--set KEY=VALUE]
 """
 import argparse
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+PROMPT = "What is the capital of France?"
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -44,7 +50,7 @@ def child(config: str, overrides: list[str]) -> None:
     mark("kernel library (built at install)")
     llm.build()
     mark("model runner (weights) + graph cache open")
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+    out = llm.chat([{"role": "user", "content": PROMPT}],
                    SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
     mark("first token (graphs + prefill)")
     runner = llm.runner
@@ -52,11 +58,39 @@ def child(config: str, overrides: list[str]) -> None:
                                   "cache": runner.graph_stats(), "token": out[0].token_ids}), flush=True)
 
 
+def cli_runs(runs: int, config: str, cache: str, overrides: list[str]) -> int:
+    """Each run one ms-atb-generate process: wall and CPU seconds from its start to its exit."""
+    folder = tempfile.mkdtemp(prefix="ms_atb_cli_")
+    prompts, output = os.path.join(folder, "prompt.txt"), os.path.join(folder, "out.jsonl")
+    with open(prompts, "w", encoding="utf-8") as f:
+        f.write(PROMPT + "\n")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ms-atb-generate"), "--config", config, "--input",
+           prompts, "--output", output, "--overwrite", "--chat", "--max-tokens", "1", "--no-progress",
+           "--set", f"compile_cache={cache}"] + [x for s in overrides for x in ("--set", s)]
+    try:
+        for run in range(runs):
+            before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+            if proc.returncode != 0:
+                print(f"run {run + 1}: failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+                return 1
+            with open(output, encoding="utf-8") as f:
+                token_ids = json.loads(f.readline())["token_ids"]
+            user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+            print(f"run {run + 1} ({'cold' if run == 0 else 'warm'}): ms-atb-generate start to exit {wall:.1f} s "
+                  f"wall, {user + system:.1f} s CPU ({user:.1f} user + {system:.1f} sys); token {token_ids}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2, help="the first is cold, the others warm")
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--cli", action="store_true", help="time whole ms-atb-generate processes instead")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -64,10 +98,20 @@ def main():
     if args.runs < 1:
         ap.error(f"--runs must be >= 1, got {args.runs}")
     cache = tempfile.mkdtemp(prefix="ms_atb_graphs_")
-    for run in range(args.runs):
+    try:
+        if args.cli:
+            return cli_runs(args.runs, args.config, cache, args.set)
+        return child_runs(args.runs, args.config, cache, args.set)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def child_runs(runs: int, config: str, cache: str, overrides: list[str]) -> int:
+    """Each run one child process reporting its phases."""
+    for run in range(runs):
         start = time.perf_counter()
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--config", args.config,
-               "--set", f"compile_cache={cache}"] + [x for s in args.set for x in ("--set", s)]
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--config", config,
+               "--set", f"compile_cache={cache}"] + [x for s in overrides for x in ("--set", s)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         report = None
         for line in proc.stdout:

@@ -123,15 +123,31 @@ class ModelRunner:
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats)
-        self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
-                                                    dtype=np.float32, formats=self.weight_formats))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
+        self.weight_cache = self._load_weights(config.context.compile_cache)
         self.compiled = set()                    # token buckets whose graph is ready
         self.compile_seconds = 0.0               # spent compiling or loading them
         self.graph_log = []                      # (bucket asked for, seconds it took), in order
         self.graph_cache = None                  # GraphCache (open_graph_cache)
         self.token_logits = None                 # LlamaTokenLogits, built when first needed
         self.warmup_stats = None
+
+    def _load_weights(self, compile_cache: str | None):
+        """Fills the model's weights from the weight cache (ms_atb/worker/weight_cache.py) beside the graphs,
+        or from the model file, then saves them there. Returns the WeightCache."""
+        from ms_atb.worker.graph_cache import files_identity
+        from ms_atb.worker.weight_cache import WeightCache, cache_root
+        read = loader.model_kind(self.model_path)[0] != "random"     # computed weights are not kept
+        parts = {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
+                 "dtype": str(self.dtype), "weight_formats": self.weight_formats,
+                 "device": ms.get_context("device_target"), "tp": [self.tp_size, self.tp_rank]} if read else None
+        cache = WeightCache(cache_root(compile_cache), parts)
+        weights = self.model.weight_parameters()
+        if not cache.load(weights):
+            self.model.load_weights(loader.iter_weights(self.model_path, self.model_config, self.tp_size,
+                                                        self.tp_rank, dtype=np.float32, formats=self.weight_formats))
+            cache.save(weights)
+        return cache
 
     def _bucket(self, num_tokens: int) -> int:
         for b in self.buckets:

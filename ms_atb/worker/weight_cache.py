@@ -1,0 +1,178 @@
+"""WeightCache: a model's weights as the model holds them (re-laid in panels, dequantised, fused), kept on disk
+between runs beside the compiled graphs (context.compile_cache, in its `weights/` folder), so a later run
+maps them instead of converting the model file again.
+
+- one entry per key, which hashes everything the held weights depend on: ms_atb's sources, MindSpore's
+  version, the model file(s) (path, size, mtime), the model's config, dtype, weight formats, device and
+  tensor-parallel rank. Weights computed rather than read (random:<preset> models) are not kept;
+- an entry is two files: `<key>.bin`, every weight's bytes back to back (each at a multiple of ALIGN bytes),
+  and `<key>.json`, its index (the key, the data's size, and each weight's name, dtype, shape and offset).
+  Each is written under a temporary name and renamed into place, the index last, so a reader never sees a
+  partial entry; an entry's files are never written in place (published by rename, evicted by unlink);
+- a loaded model's weights stay memory-mapped from `<key>.bin` (copy-on-write, so the file is never
+  changed): nothing is copied at start, a page is read from the OS's page cache when first used, and the
+  processes of one model share those pages. (A file truncated in place under a running engine, by hand,
+  would make its next read of a lost page fail: the engine never does that.)
+- an entry is used only when its index names exactly the model's weights, with their dtypes and shapes, and
+  the data file has the recorded size; any other (torn, stale, foreign) is removed with a warning, and the
+  weights are read from the model file and saved afresh;
+- the folder follows rule 1 of ops/trusted_cache.py (the user's own, closed to others' writes). An entry is
+  data read as raw bytes, never code nor a pickle: it is size-checked, not hashed (a sha256 over SmolLM2's
+  204 MiB of held weights costs 0.17 s of CPU, ten times what mapping them costs);
+- the folder keeps the MAX_ENTRIES entries used last (an entry's index is touched when it loads).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = 1                 # bump when the entry layout or the key changes
+MAX_ENTRIES = 8
+ALIGN = 64                 # each weight starts at a multiple of 64 bytes: aligned for every dtype and vector load
+_DTYPES = ("float32", "float16", "int8", "uint8", "int32")    # numpy dtypes an entry may hold
+
+
+def cache_root(setting: str | None) -> str | None:
+    """context.compile_cache as a directory: "auto" is the user's cache directory (graph_cache.default_root),
+    None (or "off" through $MS_ATB_GRAPH_CACHE) is no cache."""
+    if setting == "auto":
+        from ms_atb.worker.graph_cache import default_root
+        return default_root()
+    return setting
+
+
+class WeightCache:
+    """`cache.load(weights)` fills {name: Parameter} from the entry and says whether it did; after the
+    weights were read from the model file, `cache.save(weights)` publishes them.
+
+    `status`: "off" (no root, or weights not read from a file), "missing" (no entry yet), "loaded",
+    "saved", or "failed (...)" (an entry that did not load or save; the weights come from the model file)."""
+
+    def __init__(self, root: str | None, parts: dict | None):
+        """parts: everything the held weights depend on besides ms_atb's and MindSpore's code; None: not
+        cacheable (weights computed, not read)."""
+        self.folder = self.key = None
+        self.status = "off"
+        if root and parts is not None:
+            from ms_atb.ops.trusted_cache import private_dir
+            self.folder = private_dir(Path(os.path.expanduser(root)) / "weights", "context.compile_cache")
+            self.key = cache_key(parts)
+            self.status = "missing"
+
+    @property
+    def data_path(self) -> Path:
+        return self.folder / f"{self.key}.bin"
+
+    @property
+    def index_path(self) -> Path:
+        return self.folder / f"{self.key}.json"
+
+    def load(self, weights: dict) -> bool:
+        """weights {name: Parameter}: each filled from the entry when it holds exactly them; else False."""
+        if self.folder is None or not self.index_path.is_file():
+            return False
+        import mindspore as ms
+        try:
+            entries = self._check(weights)
+            data = np.memmap(self.data_path, np.uint8, "c")     # copy-on-write: the file is never written
+            for name, dtype, shape, offset in entries:
+                nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                weights[name].set_data(ms.from_numpy(data[offset:offset + nbytes].view(dtype).reshape(shape)))
+            del data
+            os.utime(self.index_path)                          # used last: kept by the eviction
+        except (OSError, ValueError) as e:
+            self._fail("load", e)
+            return False
+        self.status = "loaded"
+        return True
+
+    def _check(self, weights: dict) -> list:
+        """The index's (name, dtype, shape, offset) list; ValueError when it does not describe these weights
+        or the data file's size differs."""
+        try:
+            index = json.loads(self.index_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"index is not JSON ({e})") from None
+        if not isinstance(index, dict) or index.get("key") != self.key or index.get("format") != FORMAT:
+            raise ValueError("index of another key or format")
+        try:
+            entries = [(n, d, tuple(s), o) for n, d, s, o in index["weights"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("index has no list of [name, dtype, shape, offset] weights") from None
+        want = {name: (_dtype_name(p), tuple(p.shape)) for name, p in weights.items()}
+        if {n: (d, s) for n, d, s, _ in entries} != want or len(entries) != len(want):
+            raise ValueError("index names other weights, dtypes or shapes than the model's")
+        size = os.path.getsize(self.data_path)
+        if size != index.get("bytes"):
+            raise ValueError(f"data file holds {size} bytes, the index records {index.get('bytes')}")
+        for name, dtype, shape, offset in entries:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            if type(offset) is not int or offset < 0 or offset % ALIGN or offset + nbytes > size:
+                raise ValueError(f"weight {name} at offset {offset!r} does not lie in the data file")
+        return entries
+
+    def save(self, weights: dict) -> None:
+        """Publishes weights {name: Parameter} as this key's entry (data, then index: see the module docstring)."""
+        if self.folder is None:
+            return
+        from ms_atb.worker.graph_cache import sweep_dead_temps
+        if any(_dtype_name(p) not in _DTYPES for p in weights.values()):
+            self.status = "off"                # bfloat16: numpy cannot hold it
+            return
+        sweep_dead_temps(self.folder)
+        pid = os.getpid()
+        data_tmp, index_tmp = (self.folder / f"{p.name}.tmp-{pid}" for p in (self.data_path, self.index_path))
+        entries, offset = [], 0
+        try:
+            with open(data_tmp, "wb") as f:
+                for name, p in weights.items():
+                    array = np.ascontiguousarray(p.asnumpy())
+                    f.write(array.data)
+                    entries.append([name, str(array.dtype), list(array.shape), offset])
+                    offset += array.nbytes
+                    pad = -offset % ALIGN
+                    f.write(bytes(pad))
+                    offset += pad
+            index_tmp.write_text(json.dumps({"format": FORMAT, "key": self.key, "bytes": offset,
+                                             "weights": entries}))
+            os.replace(data_tmp, self.data_path)
+            os.replace(index_tmp, self.index_path)
+        except OSError as e:                    # a full or read-only disk: the run goes on without the entry
+            self._fail("save", e)
+            return
+        finally:
+            for tmp in (data_tmp, index_tmp):
+                tmp.unlink(missing_ok=True)
+        self.status = "saved"
+        self._evict()
+
+    def _fail(self, what: str, e: Exception) -> None:
+        self.status = f"failed ({what}: {e})"
+        warnings.warn(f"weight cache entry {self.index_path} could not {what} ({e}); removed, the weights are "
+                      f"read from the model file", RuntimeWarning, stacklevel=3)
+        for path in (self.index_path, self.data_path):
+            path.unlink(missing_ok=True)
+
+    def _evict(self) -> None:
+        """Removes the entries past the MAX_ENTRIES used last."""
+        indexes = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for index in indexes[MAX_ENTRIES:]:
+            index.unlink(missing_ok=True)
+            index.with_suffix(".bin").unlink(missing_ok=True)
+
+
+def cache_key(parts: dict) -> str:
+    import mindspore as ms
+    from ms_atb.worker.graph_cache import sources_digest
+    full = {"format": FORMAT, "mindspore": ms.__version__, "sources": sources_digest(), **parts}
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _dtype_name(param) -> str:
+    """A Parameter's dtype as numpy names it ("float32", "int8"...); "bfloat16" has no numpy dtype."""
+    return str(param.dtype).lower()
