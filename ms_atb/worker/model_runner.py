@@ -22,6 +22,7 @@ from ms_atb.models import loader
 from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.models.parallel import num_kv_heads_per_rank
 from ms_atb.models.weight_formats import weight_formats
+from ms_atb.worker.graph_call import GraphCall
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
            "bfloat16": ms.bfloat16, "bf16": ms.bfloat16}
@@ -127,6 +128,7 @@ class ModelRunner:
                                                     dtype=np.float32, formats=self.weight_formats))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.compiled = set()                    # token buckets whose graph is ready
+        self.graph_call = GraphCall(self.model)  # runs each bucket's graph once it is ready
         self.compile_seconds = 0.0               # spent compiling or loading them
         self.graph_log = []                      # (bucket asked for, seconds it took), in order
         self.graph_cache = None                  # GraphCache (open_graph_cache)
@@ -178,7 +180,7 @@ class ModelRunner:
                 self.token_logits = LlamaTokenLogits(self.model)
             return self.token_logits(*tensors).asnumpy()[:len(step.token_ids)]  # [T, V]
         self.ensure_compiled(len(arrays[0]))
-        logits = self.model(*tensors)  # [B_bucket, V]
+        logits = self.graph_call(len(arrays[0]), *tensors)  # [B_bucket, V]; prepare() gave the bucket's shapes
         return logits.asnumpy()[:num_seqs]
 
     def open_graph_cache(self, root: str | None) -> str:
@@ -248,5 +250,5 @@ class ModelRunner:
         arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
                   np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
                   np.zeros(b + 1, np.int32)]
-        self.model(*[ms.Tensor(a) for a in arrays]).asnumpy()
+        self.graph_call.compile(t, *[ms.Tensor(a) for a in arrays]).asnumpy()
         self.compiled.add(t)
