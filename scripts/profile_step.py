@@ -8,7 +8,8 @@ covering the timed steps plus one untimed first step (graph compile excluded: it
 the kernels' time is MindSpore's framework overhead (op dispatch, output allocation) and the host-side step.
 With --host it also times, step by step in turns so that all see the same load: the step's input preparation
 (padding and tensors), the model graph run as the runner runs it (GraphCall) and as an ordinary Cell call
-(which checks and looks up the compiled graph on every call).
+(which checks and looks up the compiled graph on every call), and the process's CPU time in the graph call (all
+threads: on a shared host the least noisy of these figures).
 """
 import argparse
 import os
@@ -34,20 +35,22 @@ def host_split(runner, step, steps) -> None:
     """Times preparation, the graph call and the ordinary Cell call of one step, interleaved."""
     arrays, _ = runner.prepare(step)
     bucket = len(arrays[0])
-    prep, call, plain = [], [], []
+    prep, call, plain, cpu = [], [], [], []
     for _ in range(steps):
         start = time.perf_counter()
         arrays, _ = runner.prepare(step)
         tensors = [ms.Tensor(a) for a in arrays]
         prep.append(time.perf_counter() - start)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         runner.graph_call(bucket, *tensors).asnumpy()
         call.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         start = time.perf_counter()
         runner.model(*tensors).asnumpy()
         plain.append(time.perf_counter() - start)
     print(f"host split over {steps} steps: {_summary('prepare', prep)}; {_summary('graph call', call)}; "
-          f"{_summary('ordinary Cell call', plain)}", flush=True)
+          f"{_summary('ordinary Cell call', plain)}; {_summary('graph call CPU time (all threads)', cpu)}",
+          flush=True)
 
 
 def main() -> None:

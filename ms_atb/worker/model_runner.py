@@ -174,7 +174,8 @@ class ModelRunner:
         """Logits float32 of each sequence's last scheduled token [B, vocab]; with every_token, of
         every scheduled token [T, vocab] (its graphs compile on first use)."""
         arrays, num_seqs = self.prepare(step)
-        tensors = [ms.Tensor(a) for a in arrays]
+        # from_numpy shares the fresh arrays' memory (no copy, no per-element checks); nothing writes them again
+        tensors = [ms.Tensor.from_numpy(a) for a in arrays]
         if every_token:
             if self.token_logits is None:
                 self.token_logits = LlamaTokenLogits(self.model)
