@@ -3,9 +3,10 @@
     MS_ATB_KERNEL_PROFILE=1 .venv/bin/python scripts/profile_step.py --batch 32 --ctx 256          # decode
     MS_ATB_KERNEL_PROFILE=1 .venv/bin/python scripts/profile_step.py --batch 1 --ctx 512 --new 512  # prefill
     .venv/bin/python scripts/profile_step.py --batch 1 --ctx 256 --host     # the host side of a decode step
-Prints the step's wall time (min / median); at exit the kernel profile prints each kernel's calls and total time,
-covering the timed steps plus one untimed first step (graph compile excluded: it runs no kernel). Wall time minus
-the kernels' time is MindSpore's framework overhead (op dispatch, output allocation) and the host-side step.
+Prints the step's wall time and the process's CPU time in it (min / median); at exit the kernel profile prints
+each kernel's calls and total time, covering the timed steps plus one untimed first step (graph compile excluded:
+it runs no kernel). Wall time minus the kernels' time is MindSpore's framework overhead (op dispatch, output
+allocation) and the host-side step.
 With --host it also times, step by step in turns so that all see the same load: the step's input preparation
 (padding and tensors), the model graph run as the runner runs it (GraphCall) and as an ordinary Cell call
 (which checks and looks up the compiled graph on every call), and the process's CPU time in the graph call (all
@@ -73,15 +74,17 @@ def main() -> None:
                                            max_model_len=blocks * bs))
     step = make_step(args.batch, args.ctx, args.new, bs, blocks)
     runner.execute(step)  # compiles this step's graph
-    times = []
+    times, cpu = [], []
     for _ in range(args.steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         runner.execute(step)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     times.sort()
     print(f"batch {args.batch}, context {args.ctx}, {args.new} new token(s) each: {args.steps} steps, "
-          f"min {times[0] * 1e3:.1f} ms, median {times[len(times) // 2] * 1e3:.1f} ms; the kernel profile below "
-          f"covers {args.steps + 1} steps", flush=True)
+          f"min {times[0] * 1e3:.1f} ms, median {times[len(times) // 2] * 1e3:.1f} ms; "
+          f"{_summary('CPU time (all threads)', cpu)}; the kernel profile below covers {args.steps + 1} steps",
+          flush=True)
     if args.host:
         host_split(runner, step, args.steps)
 
