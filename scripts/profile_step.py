@@ -9,8 +9,8 @@ it runs no kernel). Wall time minus the kernels' time is MindSpore's framework o
 allocation) and the host-side step.
 With --host it also times, step by step in turns so that all see the same load: the step's input preparation
 (padding and tensors), the model graph run as the runner runs it (GraphCall) and as an ordinary Cell call
-(which checks and looks up the compiled graph on every call), and the process's CPU time in the graph call (all
-threads: on a shared host the least noisy of these figures).
+(which checks and looks up the compiled graph on every call), each in wall time and in the process's CPU time
+(all threads: on a shared host the less noisy figure).
 """
 import argparse
 import os
@@ -36,22 +36,21 @@ def host_split(runner, step, steps) -> None:
     """Times preparation, the graph call and the ordinary Cell call of one step, interleaved."""
     arrays, _ = runner.prepare(step)
     bucket = len(arrays[0])
-    prep, call, plain, cpu = [], [], [], []
+    prep, call, plain, call_cpu, plain_cpu = [], [], [], [], []
     for _ in range(steps):
         start = time.perf_counter()
         arrays, _ = runner.prepare(step)
-        tensors = [ms.Tensor(a) for a in arrays]
+        tensors = [ms.Tensor.from_numpy(a) for a in arrays]
         prep.append(time.perf_counter() - start)
-        start, start_cpu = time.perf_counter(), time.process_time()
-        runner.graph_call(bucket, *tensors).asnumpy()
-        call.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-        start = time.perf_counter()
-        runner.model(*tensors).asnumpy()
-        plain.append(time.perf_counter() - start)
-    print(f"host split over {steps} steps: {_summary('prepare', prep)}; {_summary('graph call', call)}; "
-          f"{_summary('ordinary Cell call', plain)}; {_summary('graph call CPU time (all threads)', cpu)}",
-          flush=True)
+        for run, wall, cpu in ((lambda: runner.graph_call(bucket, *tensors), call, call_cpu),
+                               (lambda: runner.model(*tensors), plain, plain_cpu)):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run().asnumpy()
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    print(f"host split over {steps} steps: {_summary('prepare', prep)}; wall: {_summary('graph call', call)}, "
+          f"{_summary('ordinary Cell call', plain)}; CPU time (all threads): {_summary('graph call', call_cpu)}, "
+          f"{_summary('ordinary Cell call', plain_cpu)}", flush=True)
 
 
 def main() -> None:

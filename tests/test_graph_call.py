@@ -55,3 +55,14 @@ def test_a_key_without_a_compiled_graph_is_a_value_error(runner):
     call = GraphCall(runner.model)
     with pytest.raises(ValueError, match="no graph compiled for 3"):
         call(3, ms.Tensor(np.zeros(3, np.int32)))
+
+
+def test_profile_step_host_split_times_both_calls(runner, capsys):
+    from scripts_import import load_script
+    profile_step = load_script("profile_step")
+    step = make_step([("a", [20], 6, [7])])
+    runner.execute(step)                                  # bucket 1 ready
+    profile_step.host_split(runner, step, 3)
+    line = capsys.readouterr().out
+    assert line.startswith("host split over 3 steps: prepare min") and line.count(" ms") == 10
+    assert "graph call min" in line and "ordinary Cell call min" in line and "CPU time (all threads)" in line
