@@ -57,6 +57,18 @@ def test_a_key_without_a_compiled_graph_is_a_value_error(runner):
         call(3, ms.Tensor(np.zeros(3, np.int32)))
 
 
+def test_a_replaced_model_runs_no_graph_of_the_old_one(runner, monkeypatch):
+    step = make_step([("a", [20], 6, [7])])
+    runner.execute(step)                                  # bucket 1 ready
+    old = runner.graph_call
+    assert old.cell is runner.model and 1 in old
+    monkeypatch.setattr(runner, "graph_call", old)        # both restored after the test
+    monkeypatch.setattr(runner, "model", ms.nn.Cell())
+    with pytest.raises(ValueError, match="no graph compiled for 1"):
+        runner.execute(step)
+    assert runner.graph_call is not old and runner.graph_call.cell is runner.model
+
+
 def test_profile_step_host_split_times_both_calls(runner, capsys):
     from scripts_import import load_script
     profile_step = load_script("profile_step")

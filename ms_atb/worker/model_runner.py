@@ -81,6 +81,8 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
 
 
 class ModelRunner:
+    graph_call: GraphCall | None = None          # runs self.model's ready bucket graphs (see _graph_call)
+
     def __init__(self, config, num_blocks: int | None = None, max_model_len: int | None = None,
                  tp_rank: int = 0, model_config=None):
         """config: a validated EngineConfig (ms_atb/config.py): model.path and dtype, kv_cache.block_size,
@@ -128,7 +130,6 @@ class ModelRunner:
                                                     dtype=np.float32, formats=self.weight_formats))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.compiled = set()                    # token buckets whose graph is ready
-        self.graph_call = GraphCall(self.model)  # runs each bucket's graph once it is ready
         self.compile_seconds = 0.0               # spent compiling or loading them
         self.graph_log = []                      # (bucket asked for, seconds it took), in order
         self.graph_cache = None                  # GraphCache (open_graph_cache)
@@ -181,7 +182,7 @@ class ModelRunner:
                 self.token_logits = LlamaTokenLogits(self.model)
             return self.token_logits(*tensors).asnumpy()[:len(step.token_ids)]  # [T, V]
         self.ensure_compiled(len(arrays[0]))
-        logits = self.graph_call(len(arrays[0]), *tensors)  # [B_bucket, V]; prepare() gave the bucket's shapes
+        logits = self._graph_call()(len(arrays[0]), *tensors)  # [B_bucket, V]; prepare() padded to the bucket
         return logits.asnumpy()[:num_seqs]
 
     def open_graph_cache(self, root: str | None) -> str:
@@ -251,5 +252,12 @@ class ModelRunner:
         arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
                   np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
                   np.zeros(b + 1, np.int32)]
-        self.graph_call.compile(t, *[ms.Tensor(a) for a in arrays]).asnumpy()
+        self._graph_call().compile(t, *[ms.Tensor(a) for a in arrays]).asnumpy()
         self.compiled.add(t)
+
+    def _graph_call(self) -> GraphCall:
+        """The GraphCall of self.model: a fresh one, knowing no graph, once self.model is another Cell, so that
+        no step ever runs a graph compiled for a model this runner no longer holds."""
+        if self.graph_call is None or self.graph_call.cell is not self.model:
+            self.graph_call = GraphCall(self.model)
+        return self.graph_call
