@@ -116,7 +116,9 @@ class EngineLoop:
                     allowed = [t.allowed() for t in ts]
                     if not any(a is not None for a in allowed):
                         allowed = None
-                    tokens = llm.sampler.sample(logits[rows], params, [t.generator for t in ts], histories,
+                    # every row sampled (a decode step): the logits themselves, no copy (sample() writes none)
+                    chosen = logits if len(rows) == len(logits) else logits[rows]      # [S, vocab]
+                    tokens = llm.sampler.sample(chosen, params, [t.generator for t in ts], histories,
                                                 banned, allowed)
                     for b, token, t in zip(rows, tokens, ts):
                         sampled[b] = int(token)

@@ -14,8 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 
 # Builds one or two tiny engines with the cache at argv[1] (argv[2]: num_blocks of the first) and prints,
-# per engine, its cache status, key directory and greedy tokens as one JSON line. Steps of at most 2 tokens:
-# two graphs (token buckets 1 and 2) to compile, save and load in their recorded order.
+# per engine, its cache status, key directory, greedy tokens and the buckets of its graphs as one JSON line.
+# Steps of at most 2 tokens: two graphs (token buckets 1 and 2) to compile, save and load in their recorded
+# order, then run in alternation.
 _RUN = """
 import json, sys
 from ms_atb import LLM, SamplingParams
@@ -24,7 +25,8 @@ for num_blocks in map(int, sys.argv[2].split(",")):
     llm = LLM(%r, max_num_batched_tokens=2, max_num_seqs=2, num_blocks=num_blocks, compile_cache=sys.argv[1])
     outs = llm.generate([[1, 2, 3, 4, 5], list(range(100, 119))], params, use_tqdm=False)
     s = llm.runner.graph_stats()
-    print(json.dumps([s["graph_cache"], s["graph_cache_path"], [o.token_ids for o in outs]]))
+    ran = sorted(llm.runner.compiled)
+    print(json.dumps([s["graph_cache"], s["graph_cache_path"], [o.token_ids for o in outs], ran]))
 """ % TINY
 
 
@@ -41,17 +43,17 @@ def _run(cache, num_blocks, inline=False):
 @pytest.mark.slow                # five processes: MindSpore keeps one cache path per process
 def test_second_run_loads_the_graphs_and_gives_the_same_tokens(tmp_path):
     cache = tmp_path / "graphs"
-    (saved, path, tokens), (second, second_path, second_tokens) = _run(cache, "40,40")
+    (saved, path, tokens, _), (second, second_path, second_tokens, _) = _run(cache, "40,40")
     assert saved == "saved" and os.path.isdir(path) \
         and sorted(os.listdir(cache)) == [os.path.basename(path), os.path.basename(path) + ".sha256"]
     assert second == "skipped" and second_path is None and second_tokens == tokens
-    [(loaded, loaded_path, loaded_tokens)] = _run(cache, "40")
-    assert loaded == "loaded" and loaded_path == path and loaded_tokens == tokens
-    [(other, other_path, other_tokens)] = _run(cache, "48")      # another pool: another key
+    [(loaded, loaded_path, loaded_tokens, ran)] = _run(cache, "40")
+    assert loaded == "loaded" and loaded_path == path and loaded_tokens == tokens and ran == [1, 2]
+    [(other, other_path, other_tokens, _)] = _run(cache, "48")      # another pool: another key
     assert other == "saved" and other_path != path and other_tokens == tokens
     assert sorted(os.listdir(cache)) == sorted(os.path.basename(p) + end for p in (path, other_path)
                                                for end in ("", ".sha256"))    # no temporaries
-    [(inline, inline_path, inline_tokens)] = _run(cache, "40", inline=True)
+    [(inline, inline_path, inline_tokens, _)] = _run(cache, "40", inline=True)
     assert inline == "unavailable" and inline_path is None and inline_tokens == tokens
 
 

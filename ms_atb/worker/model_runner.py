@@ -22,6 +22,7 @@ from ms_atb.models import loader
 from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.models.parallel import num_kv_heads_per_rank
 from ms_atb.models.weight_formats import weight_formats
+from ms_atb.worker.graph_call import GraphCall
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
            "bfloat16": ms.bfloat16, "bf16": ms.bfloat16}
@@ -80,6 +81,8 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
 
 
 class ModelRunner:
+    graph_call: GraphCall | None = None          # runs self.model's ready bucket graphs (see _graph_call)
+
     def __init__(self, config, num_blocks: int | None = None, max_model_len: int | None = None,
                  tp_rank: int = 0, model_config=None):
         """config: a validated EngineConfig (ms_atb/config.py): model.path and dtype, kv_cache.block_size,
@@ -188,13 +191,14 @@ class ModelRunner:
         """Logits float32 of each sequence's last scheduled token [B, vocab]; with every_token, of
         every scheduled token [T, vocab] (its graphs compile on first use)."""
         arrays, num_seqs = self.prepare(step)
-        tensors = [ms.Tensor(a) for a in arrays]
+        # from_numpy shares the fresh arrays' memory (no copy, no per-element checks); nothing writes them again
+        tensors = [ms.Tensor.from_numpy(a) for a in arrays]
         if every_token:
             if self.token_logits is None:
                 self.token_logits = LlamaTokenLogits(self.model)
             return self.token_logits(*tensors).asnumpy()[:len(step.token_ids)]  # [T, V]
         self.ensure_compiled(len(arrays[0]))
-        logits = self.model(*tensors)  # [B_bucket, V]
+        logits = self._graph_call()(len(arrays[0]), *tensors)  # [B_bucket, V]; prepare() padded to the bucket
         return logits.asnumpy()[:num_seqs]
 
     def open_graph_cache(self, root: str | None) -> str:
@@ -264,5 +268,12 @@ class ModelRunner:
         arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
                   np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
                   np.zeros(b + 1, np.int32)]
-        self.model(*[ms.Tensor(a) for a in arrays]).asnumpy()
+        self._graph_call().compile(t, *[ms.Tensor(a) for a in arrays]).asnumpy()
         self.compiled.add(t)
+
+    def _graph_call(self) -> GraphCall:
+        """The GraphCall of self.model: a fresh one, knowing no graph, once self.model is another Cell, so that
+        no step ever runs a graph compiled for a model this runner no longer holds."""
+        if self.graph_call is None or self.graph_call.cell is not self.model:
+            self.graph_call = GraphCall(self.model)
+        return self.graph_call

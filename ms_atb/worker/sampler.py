@@ -199,7 +199,8 @@ class Sampler:
         out = [0] * b
         greedy = [i for i in range(b) if params[i].greedy]
         if greedy:
-            for i, t in zip(greedy, np.argmax(logits[greedy], axis=1)):   # argmax: first (lowest id) max
+            picked = logits if len(greedy) == b else logits[greedy]       # all greedy: no copy
+            for i, t in zip(greedy, np.argmax(picked, axis=1)):           # argmax: first (lowest id) max
                 if np.isnan(logits[i, t]):                                  # argmax stops at the first NaN
                     raise _nan_error(i)
                 out[i] = int(t)
