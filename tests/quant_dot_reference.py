@@ -53,7 +53,7 @@ def weight_fields(fmt: str, k: int, n: int, seed: int):
 
 def quant_dot_ref(x: np.ndarray, fmt: str, fields):
     """(y [M, N] float64 of the integer model, terms [M, N]: the sum of |each block's contribution|, the scale
-    of float32's rounding of the kernel's sum)."""
+    of float32's rounding of the kernel's sum; Q4_1: both terms of a block)."""
     qw, dw, mw, scale, _ = fields
     qx, dx, sx = quantize_rows(x)
     i = np.einsum("mbk,bkn->mbn", qx, qw)                                  # exact integer dots
@@ -64,9 +64,10 @@ def quant_dot_ref(x: np.ndarray, fmt: str, fields):
     else:
         sc = (dw[None] * dx[..., None]).astype(np.float32).astype(np.float64)     # d_w * d_x, float32
         contrib = sc * i
-        if fmt == "q4_1":
-            contrib = contrib + mw[None].astype(np.float64) * (dx * sx.astype(np.float32)).astype(np.float32)[..., None]
-    y, terms = contrib.sum(axis=1), np.abs(contrib).sum(axis=1)
+    mins = 0 * contrib
+    if fmt == "q4_1":     # a second term a block, which may nearly cancel the first: each rounds on its own scale
+        mins = mw[None].astype(np.float64) * (dx * sx.astype(np.float32)).astype(np.float32)[..., None]
+    y, terms = (contrib + mins).sum(axis=1), (np.abs(contrib) + np.abs(mins)).sum(axis=1)
     if scale is not None:
         y, terms = y * scale, terms * np.abs(scale)
     return y, terms

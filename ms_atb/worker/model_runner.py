@@ -122,7 +122,8 @@ class ModelRunner:
                                                 tp_size, device, config.model.dtype)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
-                                      cache_dtype=self.cache_dtype, weight_formats=self.weight_formats)
+                                      cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
+                                      activation_dtype=config.model.activation_dtype)
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
                                                     dtype=np.float32, formats=self.weight_formats))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
