@@ -86,6 +86,19 @@ inline Ints DotSigned(Ints acc, const Signed &w, int32_t x4) {
 }
 inline Ints AddInt(Ints a, int32_t b) { return {_mm512_add_epi32(a.v, _mm512_set1_epi32(b))}; }
 inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(a.v)}; }
+#if defined(__AVX512VNNI__)
+using Pairs = Ints;  // dpbusd sums into int32 directly
+inline Pairs PairsZero() { return IntsZero(); }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) { return DotUnsigned(acc, u, x4); }
+inline Ints Widen(Pairs p) { return p; }
+#else
+struct Pairs { __m512i v; };  // 32 int16 sums of pairs, 2 a column
+inline Pairs PairsZero() { return {_mm512_setzero_si512()}; }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) {
+  return {_mm512_add_epi16(acc.v, _mm512_maddubs_epi16(u.v, _mm512_set1_epi32(x4)))};
+}
+inline Ints Widen(Pairs p) { return {_mm512_madd_epi16(p.v, _mm512_set1_epi16(1))}; }
+#endif
 #elif defined(__AVX2__) && (defined(__FMA__) || defined(__AVX512F__))
 struct Ints { __m256i lo, hi; };   // columns 0..7, 8..15
 struct Group { __m256i lo, hi; };  // bytes 0..31 (columns 0..7), 32..63 (columns 8..15)
@@ -119,6 +132,17 @@ inline Ints DotSigned(Ints acc, const Signed &w, int32_t x4) {
 inline Ints AddInt(Ints a, int32_t b) {
   const __m256i v = _mm256_set1_epi32(b);
   return {_mm256_add_epi32(a.lo, v), _mm256_add_epi32(a.hi, v)};
+}
+struct Pairs { __m256i lo, hi; };  // int16 sums of pairs, 2 a column
+inline Pairs PairsZero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(u.lo, x)),
+          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(u.hi, x))};
+}
+inline Ints Widen(Pairs p) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_madd_epi16(p.lo, one), _mm256_madd_epi16(p.hi, one)};
 }
 #if defined(__AVX512F__)
 inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(a.lo), a.hi, 1))}; }
@@ -162,6 +186,10 @@ inline Ints AddInt(Ints a, int32_t b) {
   for (auto &v : a.v) v += b;
   return a;
 }
+using Pairs = Ints;  // int32 sums: no narrower partial sums to widen
+inline Pairs PairsZero() { return IntsZero(); }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) { return DotUnsigned(acc, u, x4); }
+inline Ints Widen(Pairs p) { return p; }
 inline Vec ToVec(Ints a) {
   Vec r;
   for (int c = 0; c < kQuantPanel; ++c) r.v[c] = static_cast<float>(a.v[c]);
@@ -195,14 +223,19 @@ void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t 
         for (int r = 0; r < MR; ++r) sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
       }
     } else {
+      // Nibble pairs: each maddubs pair is at most 2 x 15 x 127 = 3810, so a block's 8 of them sum to at most
+      // 30480 in int16 (Pairs) before one widening a block.
       const uint8_t *q = blk + (F == QuantFormat::kQ4_1 ? 64 : 32);
+      Pairs pairs[MR];
+      for (int r = 0; r < MR; ++r) pairs[r] = PairsZero();
       for (int g = 0; g < kQuantBlock / 8; ++g) {
         const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
         for (int r = 0; r < MR; ++r) {
-          sum[r] = DotUnsigned(sum[r], lo, Four(xb[r] + 4 * g));
-          sum[r] = DotUnsigned(sum[r], hi, Four(xb[r] + 16 + 4 * g));
+          pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
+          pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
         }
       }
+      for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
     }
     if constexpr (F == QuantFormat::kInt8) {
       for (int r = 0; r < MR; ++r)
