@@ -268,3 +268,6 @@ def test_engine_generates_with_int8_activations(tiny_llm):
     ref = [o.token_ids for o in tiny_llm.generate(prompts, params, use_tqdm=False)]
     same = sum(a == b for g, r in zip(got, ref) for a, b in zip(g, r))
     assert all(len(g) == 12 for g in got) and same >= 29, (got, ref)
+    # Compiled graphs name the kernels: an on-disk graph of float32 activations is never reused for int8.
+    assert llm.runner.graph_key_parts()["activation_dtype"] == "int8"
+    assert tiny_llm.runner.graph_key_parts()["activation_dtype"] == "float32"

@@ -124,6 +124,7 @@ class ModelRunner:
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
                                       activation_dtype=config.model.activation_dtype)
+        self.activation_dtype = config.model.activation_dtype   # the quantized linears' kernels and layout
         self.model.load_weights(loader.iter_weights(model_path, self.model_config, tp_size, tp_rank,
                                                     dtype=np.float32, formats=self.weight_formats))
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
@@ -231,7 +232,7 @@ class ModelRunner:
         from ms_atb.ops.build import kernel_library
         return {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
                 "dtype": str(self.dtype), "cache_dtype": str(self.cache_dtype), "device": ms.get_context("device_target"),
-                "weight_formats": self.weight_formats,
+                "weight_formats": self.weight_formats, "activation_dtype": self.activation_dtype,
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
                 "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library(),
