@@ -54,8 +54,8 @@ constexpr const char *Name(Format f, bool dot = false) {
          : f == Format::kQ4_1 ? "QuantMatMulQ4_1" : "QuantMatMulInt8";
 }
 
-int Fail(Format f, const char *msg) {
-  std::fprintf(stderr, "ms_atb %s: %s\n", Name(f), msg);
+int Fail(const char *kernel, const char *msg) {
+  std::fprintf(stderr, "ms_atb %s: %s\n", kernel, msg);
   return 1;
 }
 
@@ -202,25 +202,26 @@ int RunDot(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, con
 
 // Validates x [M, K], w [P, panel_bytes], (rows [1] int32,) y [M, 16 P]; `expected` = 3 or 4 params.
 template <Format F>
-int Check(int nparam, int expected, int *ndims, int64_t **shapes, const char **dtypes) {
+int Check(int nparam, int expected, int *ndims, int64_t **shapes, const char **dtypes, bool dot) {
+  const char *kernel = Name(F, dot);
   if (nparam != expected)
-    return Fail(F, expected == 3 ? "expected 2 inputs and 1 output" : "expected 3 inputs and 1 output");
+    return Fail(kernel, expected == 3 ? "expected 2 inputs and 1 output" : "expected 3 inputs and 1 output");
   const int out = expected - 1;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[out] != 2)
-    return Fail(F, "expected x [M, K], w [P, panel_bytes] and y [M, 16 P]");
+    return Fail(kernel, "expected x [M, K], w [P, panel_bytes] and y [M, 16 P]");
   const int64_t M = shapes[0][0], K = shapes[0][1], N = shapes[1][0] * kPanel;
-  if (F != Format::kInt8 && K % kBlock != 0) return Fail(F, "K must be a multiple of 32 for GGUF blocks");
+  if (F != Format::kInt8 && K % kBlock != 0) return Fail(kernel, "K must be a multiple of 32 for GGUF blocks");
   if (shapes[1][1] != HeaderBytes(F) + (K + kBlock - 1) / kBlock * BlockBytes(F))
-    return Fail(F, "w's panels do not hold ceil(K / 32) blocks of this format for x's K");
-  if (shapes[out][0] != M || shapes[out][1] != N) return Fail(F, "y must be [M, 16 P]");
+    return Fail(kernel, "w's panels do not hold ceil(K / 32) blocks of this format for x's K");
+  if (shapes[out][0] != M || shapes[out][1] != N) return Fail(kernel, "y must be [M, 16 P]");
   if (ms_atb::ParseDType(dtypes[0]) != ms_atb::DType::kFloat32 ||
       ms_atb::ParseDType(dtypes[out]) != ms_atb::DType::kFloat32)
-    return Fail(F, "x and y must be float32");
+    return Fail(kernel, "x and y must be float32");
   if (ms_atb::ParseDType(dtypes[1]) != ms_atb::DType::kInt8 && std::strcmp(dtypes[1], "uint8") != 0)
-    return Fail(F, "w must be int8 or uint8 (raw bytes)");
+    return Fail(kernel, "w must be int8 or uint8 (raw bytes)");
   if (expected == 4 &&
       (ndims[2] != 1 || shapes[2][0] != 1 || ms_atb::ParseDType(dtypes[2]) != ms_atb::DType::kInt32))
-    return Fail(F, "rows must be int32 [1]");
+    return Fail(kernel, "rows must be int32 [1]");
   return 0;
 }
 
@@ -228,7 +229,7 @@ template <Format F>
 int Call(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool with_rows,
          bool dot) {
   ms_atb::KernelScope profile_scope(Name(F, dot));
-  if (Check<F>(nparam, with_rows ? 4 : 3, ndims, shapes, dtypes) != 0) return 1;
+  if (Check<F>(nparam, with_rows ? 4 : 3, ndims, shapes, dtypes, dot) != 0) return 1;
   const int64_t M = shapes[0][0];
   const int64_t rows = with_rows ? std::clamp<int64_t>(*static_cast<const int32_t *>(params[2]), 0, M) : M;
   return (dot ? RunDot<F> : Run<F>)(rows, M, shapes[0][1], shapes[1][0], static_cast<const float *>(params[0]),

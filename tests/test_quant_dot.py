@@ -92,9 +92,13 @@ def test_dot_layout_round_trip(fmt):
                                atol=1e-7)
 
 
-def test_dot_refusals():
+def test_dot_refusals(lib, capfd):
     with pytest.raises(ValueError, match="activations 'int4'"):
         QuantMatMul("q8_0", 16, activations="int4")
+    packed, _ = weight_fields("q4_1", 64, 16, 1)
+    x, y = np.zeros((2, 96), np.float32), np.zeros((2, 16), np.float32)     # x's K does not match the panels
+    assert build.call_kernel(lib.QuantDotQ4_1, [x, packed, y]) == 1
+    assert "ms_atb QuantDotQ4_1: w's panels do not hold" in capfd.readouterr().err
 
 
 def test_dot_cell_in_graph_mode(lib):
