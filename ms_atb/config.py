@@ -41,7 +41,7 @@ class ModelSection:
     dtype: str = "float32"
     max_model_len: Union[int, None] = None  # None: the model's max_position_embeddings, at most 2,048
     tokenizer: Union[str, None] = None      # defaults to the model path
-    weight_dtype: str = "auto"              # see WEIGHT_DTYPES; linears only (activations stay model.dtype)
+    weight_dtype: str = "auto"              # see WEIGHT_DTYPES; the linears' weights only
     activation_dtype: str = "float32"       # see ACTIVATION_DTYPES; int8: CPU, float32, quantized linears only
 
 
