@@ -36,16 +36,24 @@ struct QuantRows {
   int64_t kq;
 };
 
-// One row of x [K] into q [kq], d and s [kq / 32].
+// One row of x [K] into q [kq], d and s [kq / 32]. Plain loops the compiler vectorises (no libm calls).
 inline void QuantizeRow(const float *x, int64_t K, int8_t *q, float *d, int32_t *s) {
   for (int64_t k0 = 0, b = 0; k0 < K; k0 += kQuantBlock, ++b) {
     const int64_t n = K - k0 < kQuantBlock ? K - k0 : kQuantBlock;
+    float xb[kQuantBlock] = {};  // the block, zero past K
+    std::memcpy(xb, x + k0, sizeof(float) * n);
     float amax = 0.0f;
-    for (int64_t k = 0; k < n; ++k) amax = std::fmax(amax, std::fabs(x[k0 + k]));
+#pragma omp simd reduction(max : amax)
+    for (int k = 0; k < kQuantBlock; ++k) {
+      const float a = xb[k] < 0.0f ? -xb[k] : xb[k];
+      amax = a > amax ? a : amax;
+    }
     const float db = amax / 127.0f;
+    const float div = db > 0.0f ? db : 1.0f;  // d_x = 0: every x is 0 and so is every q
     int32_t sum = 0;
-    for (int64_t k = 0; k < kQuantBlock; ++k) {
-      float v = k < n && db > 0.0f ? std::nearbyint(x[k0 + k] / db) : 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int k = 0; k < kQuantBlock; ++k) {
+      float v = std::nearbyint(xb[k] / div);
       v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;  // |x| / d_x rounds to at most 127
       q[k0 + k] = static_cast<int8_t>(v);
       sum += static_cast<int32_t>(v);

@@ -110,3 +110,18 @@ def test_dot_cell_in_graph_mode(lib):
     ms.set_context(mode=ms.GRAPH_MODE)
     y = mm(Tensor(x), Tensor(packed)).asnumpy()
     np.testing.assert_array_equal(y, call_dot(lib, "q4_0", x, packed)[:, :20])
+
+
+@pytest.mark.parametrize("m", [1, 33])
+def test_dot_quantizes_x_as_the_model_does(lib, m):
+    """An identity int8 weight returns x's dequantised quants: each equals d_x q_x of the numpy model (a quant
+    off by one would move it by d_x, at least 1/127 of the block's largest value)."""
+    from quant_dot_reference import quantize_rows
+    from ms_atb.ops.quant_matmul import quantize_int8
+    k = 64
+    rng = np.random.default_rng(m)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 100, (m, 1))).astype(np.float32)
+    x[0, :32] = 0.0                                                   # d_x = 0
+    y = call_dot(lib, "int8", x, quantize_int8(np.eye(k, dtype=np.float32), activations="int8"))
+    q, d, _ = quantize_rows(x)
+    np.testing.assert_allclose(y, (q * d[..., None]).reshape(m, k), rtol=1e-6, atol=0)
