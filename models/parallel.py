@@ -123,8 +123,9 @@ class _Linear(nn.Cell):
     ("q8_0", "q4_0", "q4_1", "int8"), W then held as its panels of blocks [P, panel_bytes] int8 for
     QuantMatMul. Fill it with set_weight([in, out] float array; int8 quantizes it) or, for a GGUF block
     format, set_blocks([out, bytes] GGUF rows). activations (model.activation_dtype): "int8" quantizes x per
-    row and block of 32 for a quantized W (integer dot products, W packed in their layout at load); a float
-    W keeps float32 activations."""
+    row and block of 32 for a quantized W (integer dot products, W packed in their layout at load and held as
+    uint8 raw bytes, so that nothing mistakes it for the float path's int8 panels: a weight cache entry of
+    the other layout fails its dtype check); a float W keeps float32 activations."""
 
     def __init__(self, in_features: int, out_features: int, dtype, device: str, fmt: str = "float32",
                  activations: str = "float32"):
@@ -134,8 +135,9 @@ class _Linear(nn.Cell):
         assert not self.quantized or (device == "cpu" and dtype == ms.float32), "the engine checks weight_dtype"
         self.activations = activations if self.quantized else "float32"
         self.packed = device == "cpu" and dtype == ms.float32 and not self.quantized
+        self.wtype = ms.uint8 if self.activations == "int8" else ms.int8   # the dot layout: raw bytes
         if self.quantized:
-            shape, wtype = quant_matmul.packed_shape(fmt, in_features, out_features), ms.int8
+            shape, wtype = quant_matmul.packed_shape(fmt, in_features, out_features), self.wtype
         else:
             shape = packed_shape(in_features, out_features) if self.packed else (in_features, out_features)
             wtype = dtype
@@ -149,7 +151,7 @@ class _Linear(nn.Cell):
             raise ValueError(f"weight [in, out] must be {(self.in_features, self.out_features)}, "
                              f"found {tuple(w.shape)}")
         if self.fmt == "int8":
-            self.weight.set_data(ms.Tensor(quant_matmul.quantize_int8(w, self.activations), ms.int8))
+            self.weight.set_data(self._raw(quant_matmul.quantize_int8(w, self.activations)))
             return
         if self.quantized:   # a GGUF format from floats: the loader converts before it gets here
             raise ValueError(f"a {self.fmt} linear takes GGUF blocks (set_blocks), not float weights")
@@ -158,8 +160,11 @@ class _Linear(nn.Cell):
 
     def set_blocks(self, rows: np.ndarray) -> None:
         """rows [out, in / 32 * block bytes] uint8: GGUF blocks of this linear's format, one row per output."""
-        self.weight.set_data(ms.Tensor(quant_matmul.pack_gguf(rows, self.fmt, self.in_features, self.activations),
-                                       ms.int8))
+        self.weight.set_data(self._raw(quant_matmul.pack_gguf(rows, self.fmt, self.in_features, self.activations)))
+
+    def _raw(self, packed: np.ndarray):
+        """[P, panel_bytes] int8 -> the weight's tensor (its bytes as int8, or as uint8 for the dot layout)."""
+        return ms.Tensor(packed.view(np.uint8) if self.wtype == ms.uint8 else packed, self.wtype)
 
     def matmul(self, x, rows=None):  # [T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all)
         if self.quantized:

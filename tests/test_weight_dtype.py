@@ -228,6 +228,7 @@ def test_int8_activations_on_the_gguf_model(gguf_model):
         models[act].load_weights(loader.iter_weights(path, config, formats=formats))
     dot = models["int8"].layers[0].mlp.down_proj
     assert dot.activations == "int8" and dot.quant_matmul.activations == "int8"
+    assert dot.weight.dtype == ms.uint8 and models["float32"].layers[0].mlp.down_proj.weight.dtype == ms.int8
     assert not np.array_equal(dot.weight.asnumpy(), models["float32"].layers[0].mlp.down_proj.weight.asnumpy())
     assert held_bytes(models["int8"]) == held_bytes(models["float32"]) == memory_budget.weight_bytes(
         config, 1, 4, True, formats)
@@ -248,6 +249,7 @@ def test_int8_activations_with_int8_weights_and_float_linears():
     model = LlamaForCausalLM(config, NB, BS, weight_formats=formats, activation_dtype="int8")
     model.load_weights(weights.items())
     assert model.layers[1].self_attn.o_proj.activations == "int8"
+    assert model.layers[1].mlp.down_proj.weight.dtype == ms.uint8
     assert model.lm_head.activations == "float32" and model.lm_head.quant_matmul is None
     got, ref = logits(model, TOKENS), nl.forward(weights, config, TOKENS)[-1]
     assert np.abs(got - ref).max() < 0.03 * np.abs(ref).max()
