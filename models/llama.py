@@ -20,10 +20,11 @@ class LlamaForCausalLM(nn.Cell):
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
                  device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None,
-                 cache_dtype=None, weight_formats: dict | None = None):
+                 cache_dtype=None, weight_formats: dict | None = None, activation_dtype: str = "float32"):
         """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype.
         weight_formats: {HF weight name: quantized format} of the linears kept quantized (CPU, float32 only;
-        models/weight_formats.py), the others float; lm_head's under "lm_head.weight"."""
+        models/weight_formats.py), the others float; lm_head's under "lm_head.weight".
+        activation_dtype (model.activation_dtype): "int8" quantizes the inputs of the quantized linears."""
         super().__init__()
         formats = weight_formats or {}
 
@@ -40,12 +41,13 @@ class LlamaForCausalLM(nn.Cell):
         self.layers = nn.CellList([LlamaDecoderLayer(
             config, dtype, device, tp_size, tp_rank, attention_backend, self.quantized,
             tuple(fmt(f"model.layers.{i}.{n}.weight") for n in ("self_attn.q_proj", "self_attn.o_proj",
-                                                                  "mlp.gate_proj", "mlp.down_proj")))
+                                                                  "mlp.gate_proj", "mlp.down_proj")),
+            activation_dtype)
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
         self.last_token_norm = LastTokenNorm(config.rms_norm_eps, dtype, device)
         # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
-        self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device, fmt("lm_head.weight"))
+        self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device, fmt("lm_head.weight"), activation_dtype)
         cos, sin, perm = rope_tables(config)
         self.cos = ms.Parameter(ms.Tensor(cos, dtype), name="rope_cos", requires_grad=False)  # [P, D]
         self.sin = ms.Parameter(ms.Tensor(sin, dtype), name="rope_sin", requires_grad=False)  # [P, D]

@@ -31,8 +31,8 @@ class LlamaAttention(nn.Cell):
     """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py); quantized: int8 caches."""
 
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False,
-                 formats=("float32", "float32")):
-        """formats: the weight formats of (qkv_proj, o_proj)."""
+                 formats=("float32", "float32"), activations="float32"):
+        """formats: the weight formats of (qkv_proj, o_proj); activations: their quantized inputs' dtype."""
         super().__init__()
         d = config.head_dim
         self.num_heads = num_heads_per_rank(config, tp_size)
@@ -40,8 +40,9 @@ class LlamaAttention(nn.Cell):
         self.head_dim = d
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
-                                             tp_size, tp_rank, dtype, device, formats[0])
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device, formats[1])
+                                             tp_size, tp_rank, dtype, device, formats[0], activations)
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, tp_size, tp_rank, dtype, device, formats[1],
+                                        activations)
         self.has_bias, self.has_qk_norm = config.attention_bias, config.qk_norm
         if self.has_bias:  # [q + 2 kv] of this rank, in qkv_proj's column order
             self.qkv_bias = ms.Parameter(initializer("zeros", (self.q_size + 2 * self.kv_size,), dtype),
@@ -89,14 +90,15 @@ class LlamaAttention(nn.Cell):
 
 
 class LlamaMLP(nn.Cell):
-    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, formats=("float32", "float32")):
-        """formats: the weight formats of (gate_up_proj, down_proj)."""
+    def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, formats=("float32", "float32"),
+                 activations="float32"):
+        """formats: the weight formats of (gate_up_proj, down_proj); activations: their quantized inputs' dtype."""
         super().__init__()
         self.inter = config.intermediate_size // tp_size
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (self.inter, self.inter),
-                                                 tp_size, tp_rank, dtype, device, formats[0])
+                                                 tp_size, tp_rank, dtype, device, formats[0], activations)
         self.down_proj = RowParallelLinear(self.inter, config.hidden_size, tp_size, tp_rank, dtype, device,
-                                           formats[1])
+                                           formats[1], activations)
         self.swiglu = SwiGlu(dtype, device)
 
     def construct(self, x, rows):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
@@ -106,14 +108,15 @@ class LlamaMLP(nn.Cell):
 
 class LlamaDecoderLayer(nn.Cell):
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None,
-                 quantized=False, formats=("float32",) * 4):
-        """formats: the weight formats of (qkv_proj, o_proj, gate_up_proj, down_proj)."""
+                 quantized=False, formats=("float32",) * 4, activations="float32"):
+        """formats: the weight formats of (qkv_proj, o_proj, gate_up_proj, down_proj); activations: their
+        quantized inputs' dtype (model.activation_dtype)."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized,
-                                        formats[:2])
+                                        formats[:2], activations)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank, formats[2:])
+        self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank, formats[2:], activations)
 
     def construct(self, h, residual, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):

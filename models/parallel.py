@@ -124,23 +124,29 @@ class _Linear(nn.Cell):
     multiply float32: a float16 / bfloat16 model's activations are cast to float32 and back around them,
     which costs two casts a linear where MindSpore's half-precision CPU MatMul costs several times the
     multiply. Fill it with set_weight([in, out] float array; int8 quantizes it) or, for a GGUF block format,
-    set_blocks([out, bytes] GGUF rows)."""
+    set_blocks([out, bytes] GGUF rows). activations (model.activation_dtype): "int8" quantizes x per row and
+    block of 32 for a quantized W (integer dot products, W packed in their layout at load and held as uint8
+    raw bytes, so that nothing mistakes it for the float path's int8 panels: a weight cache entry of the other
+    layout fails its dtype check); a float W keeps float32 activations."""
 
-    def __init__(self, in_features: int, out_features: int, dtype, device: str, fmt: str = "float32"):
+    def __init__(self, in_features: int, out_features: int, dtype, device: str, fmt: str = "float32",
+                 activations: str = "float32"):
         super().__init__()
         self.in_features, self.out_features, self.dtype, self.fmt = in_features, out_features, dtype, fmt
         self.quantized = fmt != "float32"
         assert not self.quantized or device == "cpu", "the engine checks weight_dtype"
+        self.activations = activations if self.quantized else "float32"
         self.packed = device == "cpu" and not self.quantized
+        self.wtype = ms.uint8 if self.activations == "int8" else ms.int8   # the dot layout: raw bytes
         if self.quantized:
-            shape, wtype = quant_matmul.packed_shape(fmt, in_features, out_features), ms.int8
+            shape, wtype = quant_matmul.packed_shape(fmt, in_features, out_features), self.wtype
         elif self.packed:
             shape, wtype = packed_shape(in_features, out_features), ms.float32
         else:
             shape, wtype = (in_features, out_features), dtype
         self.weight = ms.Parameter(initializer("zeros", shape, wtype), name="weight")
         self.packed_matmul = PackedMatMul(out_features) if self.packed else None
-        self.quant_matmul = QuantMatMul(fmt, out_features) if self.quantized else None
+        self.quant_matmul = QuantMatMul(fmt, out_features, self.activations) if self.quantized else None
 
     def set_weight(self, w: np.ndarray) -> None:
         """w [in, out] (float32 or castable)."""
@@ -148,7 +154,7 @@ class _Linear(nn.Cell):
             raise ValueError(f"weight [in, out] must be {(self.in_features, self.out_features)}, "
                              f"found {tuple(w.shape)}")
         if self.fmt == "int8":
-            self.weight.set_data(ms.Tensor(quant_matmul.quantize_int8(w), ms.int8))
+            self.weight.set_data(self._raw(quant_matmul.quantize_int8(w, self.activations)))
             return
         if self.quantized:   # a GGUF format from floats: the loader converts before it gets here
             raise ValueError(f"a {self.fmt} linear takes GGUF blocks (set_blocks), not float weights")
@@ -159,7 +165,11 @@ class _Linear(nn.Cell):
 
     def set_blocks(self, rows: np.ndarray) -> None:
         """rows [out, in / 32 * block bytes] uint8: GGUF blocks of this linear's format, one row per output."""
-        self.weight.set_data(ms.Tensor(quant_matmul.pack_gguf(rows, self.fmt, self.in_features), ms.int8))
+        self.weight.set_data(self._raw(quant_matmul.pack_gguf(rows, self.fmt, self.in_features, self.activations)))
+
+    def _raw(self, packed: np.ndarray):
+        """[P, panel_bytes] int8 -> the weight's tensor (its bytes as int8, or as uint8 for the dot layout)."""
+        return ms.Tensor(packed.view(np.uint8) if self.wtype == ms.uint8 else packed, self.wtype)
 
     def matmul(self, x, rows=None):  # [T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all)
         if not (self.quantized or self.packed):
@@ -178,9 +188,9 @@ class ColumnParallelLinear(_Linear):
     (out_sizes: their per-rank sizes, e.g. (q, k, v) or (gate, up)); no bias, no communication."""
 
     def __init__(self, in_features: int, out_sizes, tp_size: int = 1, tp_rank: int = 0, dtype=ms.float32,
-                 device: str = "cpu", fmt: str = "float32"):
+                 device: str = "cpu", fmt: str = "float32", activations: str = "float32"):
         out_sizes = (out_sizes,) if isinstance(out_sizes, int) else tuple(out_sizes)
-        super().__init__(in_features, sum(out_sizes), dtype, device, fmt)
+        super().__init__(in_features, sum(out_sizes), dtype, device, fmt, activations)
         self.out_sizes = out_sizes
 
     def construct(self, x, rows=None):  # [T, in] -> [T, out_local]
@@ -191,8 +201,8 @@ class RowParallelLinear(_Linear):
     """y = sum over ranks of x_r @ W_r, W_r [in_local, out]; AllReduce when tp_size > 1."""
 
     def __init__(self, in_features: int, out_features: int, tp_size: int = 1, tp_rank: int = 0,
-                 dtype=ms.float32, device: str = "cpu", fmt: str = "float32"):
-        super().__init__(in_features, out_features, dtype, device, fmt)  # in_features: per rank
+                 dtype=ms.float32, device: str = "cpu", fmt: str = "float32", activations: str = "float32"):
+        super().__init__(in_features, out_features, dtype, device, fmt, activations)  # in_features: per rank
         self.tp_size = tp_size
         group = {} if _tp_group is None else {"group": _tp_group}
         self.all_reduce = ops.AllReduce(**group) if tp_size > 1 else None

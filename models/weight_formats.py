@@ -23,8 +23,8 @@ def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:
     return [(name, parts, parts) for name, parts in groups] + [("lm_head", ("lm_head.weight",), (head,))]
 
 
-def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1,
-                   device: str = "cpu") -> tuple[dict, list[str]]:
+def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1, device: str = "cpu",
+                   activation_dtype: str = "float32") -> tuple[dict, list[str]]:
     """({HF weight name: quantized format} of the linears kept quantized, log lines saying what was chosen).
 
     weight_dtype (model.weight_dtype): "float32": none; "int8": every linear (lm_head too) per-output-channel
@@ -32,7 +32,20 @@ def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_siz
     when they are of other quantized types or mixed (re-quantized on load from the dequantised values), float32
     when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU (our kernels, which
     multiply float32 activations: a half-precision model casts around them); elsewhere none is kept. A tied
-    lm_head's format is the embedding's (the gather reads a float32 copy of the embedding)."""
+    lm_head's format is the embedding's (the gather reads a float32 copy of the embedding). activation_dtype
+    (model.activation_dtype) changes no format; "int8" adds a log line saying which linears take int8
+    activations (the quantized ones) and which keep float32 (the float ones)."""
+    formats, notes = _formats(path, config, weight_dtype, tp_size, device)
+    if activation_dtype == "int8":
+        groups = linear_groups(config)
+        quantized = sum(parts[0] in formats for _, parts, _ in groups)
+        notes.append(f"activations: int8 (per row and block of 32) into the {quantized} quantized linears"
+                     + (f"; {len(groups) - quantized} float32 linears keep float32 activations"
+                        if quantized < len(groups) else ""))
+    return formats, notes
+
+
+def _formats(path, config: LlamaConfig, weight_dtype: str, tp_size: int, device: str) -> tuple[dict, list[str]]:
     if weight_dtype not in ("auto", "float32", "int8"):
         raise ValueError(f"weight_dtype must be one of ['auto', 'float32', 'int8'], got {weight_dtype!r}")
     if weight_dtype == "float32" or device != "cpu":

@@ -29,6 +29,7 @@ CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8")   # auto: the model's dty
 # auto: a GGUF's Q8_0/Q4_0/Q4_1 linears as stored, other quantized types as Q8_0, float weights in float32;
 # int8: every linear per-output-channel int8, quantized on load. Quantized weights run on the CPU only.
 WEIGHT_DTYPES = ("auto", "float32", "int8")
+ACTIVATION_DTYPES = ("float32", "int8")   # int8: the quantized linears' inputs, per row and block of 32
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}
@@ -40,7 +41,8 @@ class ModelSection:
     dtype: str = "float32"
     max_model_len: Union[int, None] = None  # None: the model's max_position_embeddings, at most 2,048
     tokenizer: Union[str, None] = None      # defaults to the model path
-    weight_dtype: str = "auto"              # see WEIGHT_DTYPES; linears only (activations stay model.dtype)
+    weight_dtype: str = "auto"              # see WEIGHT_DTYPES; the linears' weights only
+    activation_dtype: str = "float32"       # see ACTIVATION_DTYPES; int8: CPU, float32, quantized linears only
 
 
 @dataclass
@@ -164,6 +166,9 @@ class EngineConfig:
         if m.weight_dtype == "int8" and kind == "npu":
             raise ValueError("model.weight_dtype 'int8' runs on the CPU only (context.device 'cpu'); on 'npu' "
                              "use 'auto' or 'float32' (weights in model.dtype)")
+        _choice("model.activation_dtype", m.activation_dtype, ACTIVATION_DTYPES)
+        if m.activation_dtype == "int8":
+            _check_int8_activations(m, kind)
         _choice("context.mode", self.context.mode, ("graph",))
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
         _choice("scheduler.policy", sc.policy, ("auto",) + POLICIES)
@@ -234,6 +239,26 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def config_keys() -> dict[str, str]:
     """Every leaf key -> its section."""
     return dict(_LEAVES)
+
+
+def _check_int8_activations(m: "ModelSection", device_kind: str) -> None:
+    """model.activation_dtype int8 quantizes the inputs of linears kept quantized, on the CPU in float32: the
+    linears of weight_dtype int8, or those a GGUF stores quantized under weight_dtype auto. Linears a GGUF
+    stores as floats keep float32 activations (the engine's log says how many)."""
+    if device_kind != "cpu":
+        raise ValueError("model.activation_dtype 'int8' runs on the CPU only (context.device 'cpu'); on 'npu' use "
+                         "'float32'")
+    if m.dtype != "float32":
+        raise ValueError(f"model.activation_dtype 'int8' quantizes float32 activations; model.dtype is {m.dtype!r}: "
+                         f"set model.dtype float32, or activation_dtype 'float32'")
+    if m.weight_dtype == "float32":
+        raise ValueError("model.activation_dtype 'int8' needs linears kept quantized; weight_dtype 'float32' keeps "
+                         "none: set weight_dtype 'int8' (or 'auto' on a quantized GGUF), or activation_dtype "
+                         "'float32'")
+    if m.weight_dtype == "auto" and not str(m.path).lower().endswith(".gguf"):
+        raise ValueError(f"model.activation_dtype 'int8' needs linears kept quantized; weight_dtype 'auto' keeps "
+                         f"them only for a GGUF checkpoint (a path ending in .gguf), and model.path is {m.path!r}: "
+                         f"set weight_dtype 'int8', or activation_dtype 'float32'")
 
 
 def parse_device(device: str) -> tuple[str, Union[int, None]]:

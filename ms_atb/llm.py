@@ -89,7 +89,8 @@ class LLM:
         else:
             self.num_blocks = kv.num_blocks
         self.weight_formats, notes = weight_formats(cfg.model.path, self.model_config, cfg.model.weight_dtype, tp,
-                                                    parse_device(cfg.context.device)[0])
+                                                    parse_device(cfg.context.device)[0],
+                                                    cfg.model.activation_dtype)
         for note in notes:
             self._log(note)
         if cfg.context.device == "cpu":

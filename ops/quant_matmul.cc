@@ -14,6 +14,8 @@
 // a GGUF block converts to this layout by a transpose. The GGUF formats need K a multiple of 32; Int8's
 // last block may be partial (its rows past K are never read).
 // QuantMatMul<F>Rows(x, w, rows [1] int32): the same for x's first `rows` rows; the others are zero.
+// QuantDot<F> and QuantDot<F>Rows: the same product with x quantized to int8 per row and block of 32 and the
+// weight in the dot layout of quant_dot.h (integer dot products, one float32 scaling a block).
 // Each output element is one thread's dot product in k order: results do not depend on the thread count.
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include "dtype.h"
 #include "gemm_tile.h"
 #include "kernel_profile.h"
+#include "quant_dot.h"
 #include "quant_gemv.h"
 #include "thread_pool.h"
 
@@ -43,13 +46,16 @@ constexpr int64_t kGroup = 1;
 using Format = ms_atb::QuantFormat;
 constexpr int64_t BlockBytes(Format f) { return ms_atb::QuantBlockBytes(f); }
 constexpr int64_t HeaderBytes(Format f) { return ms_atb::QuantHeaderBytes(f); }
-constexpr const char *Name(Format f) {
+constexpr const char *Name(Format f, bool dot = false) {
+  if (dot)
+    return f == Format::kQ8_0 ? "QuantDotQ8_0" : f == Format::kQ4_0 ? "QuantDotQ4_0"
+           : f == Format::kQ4_1 ? "QuantDotQ4_1" : "QuantDotInt8";
   return f == Format::kQ8_0 ? "QuantMatMulQ8_0" : f == Format::kQ4_0 ? "QuantMatMulQ4_0"
          : f == Format::kQ4_1 ? "QuantMatMulQ4_1" : "QuantMatMulInt8";
 }
 
-int Fail(Format f, const char *msg) {
-  std::fprintf(stderr, "ms_atb %s: %s\n", Name(f), msg);
+int Fail(const char *kernel, const char *msg) {
+  std::fprintf(stderr, "ms_atb %s: %s\n", kernel, msg);
   return 1;
 }
 
@@ -156,43 +162,84 @@ int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const 
   return 0;
 }
 
+// The int8-activation product (quant_dot.h): x's valid rows quantized once, then items of row blocks times
+// runs of panels, each panel read for every 4 rows of its item while in L1.
+template <Format F>
+int RunDot(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const uint8_t *w, float *y) {
+  const int64_t N = P * kPanel, nb = (K + kBlock - 1) / kBlock, kq = nb * kBlock;
+  const int64_t panel_bytes = HeaderBytes(F) + nb * BlockBytes(F);
+  if (M_total == 0 || P == 0) return 0;
+  std::memset(y + M * N, 0, sizeof(float) * (M_total - M) * N);  // rows past the valid ones
+  if (M == 0) return 0;
+  if (K == 0) {
+    std::memset(y, 0, sizeof(float) * M * N);
+    return 0;
+  }
+  ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
+  std::vector<int8_t> q(M * kq);      // [M][kq]
+  std::vector<float> d(M * nb);       // [M][nb]
+  std::vector<int32_t> s(M * nb);     // [M][nb]
+  const ms_atb::dot::QuantRows xq{q.data(), d.data(), s.data(), kq};
+  auto quantize = [&](int64_t r) { ms_atb::dot::QuantizeRow(x + r * K, K, &q[r * kq], &d[r * nb], &s[r * nb]); };
+  if (M <= ms_atb::kGemvMaxRows) {
+    for (int64_t r = 0; r < M; ++r) quantize(r);
+  } else {
+    pool.Run(M, quantize);
+  }
+  // Items: row blocks of up to 64 rows times runs of panels, about 4 items a thread, each at least
+  // kGemvItemBytes of weights (smaller items take about as long as handing them to a thread).
+  const int64_t row_block = std::min<int64_t>(M, 64), row_blocks = (M + row_block - 1) / row_block;
+  const int64_t by_threads = (P * row_blocks + 4 * pool.num_threads() - 1) / (4 * pool.num_threads());
+  const int64_t per_item = std::min(P, std::max(by_threads, (kGemvItemBytes + panel_bytes - 1) / panel_bytes));
+  const int64_t col_blocks = (P + per_item - 1) / per_item;
+  pool.Run(row_blocks * col_blocks, [&](int64_t item) {
+    const int64_t r0 = item / col_blocks * row_block, r1 = std::min(M, r0 + row_block);
+    const int64_t p0 = item % col_blocks * per_item, p1 = std::min(P, p0 + per_item);
+    ms_atb::dot::PanelRange<F>(xq, r0, r1, w, panel_bytes, nb, p0, p1, y, N);
+  });
+  return 0;
+}
+
 // Validates x [M, K], w [P, panel_bytes], (rows [1] int32,) y [M, 16 P]; `expected` = 3 or 4 params.
 template <Format F>
-int Check(int nparam, int expected, int *ndims, int64_t **shapes, const char **dtypes) {
+int Check(int nparam, int expected, int *ndims, int64_t **shapes, const char **dtypes, bool dot) {
+  const char *kernel = Name(F, dot);
   if (nparam != expected)
-    return Fail(F, expected == 3 ? "expected 2 inputs and 1 output" : "expected 3 inputs and 1 output");
+    return Fail(kernel, expected == 3 ? "expected 2 inputs and 1 output" : "expected 3 inputs and 1 output");
   const int out = expected - 1;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[out] != 2)
-    return Fail(F, "expected x [M, K], w [P, panel_bytes] and y [M, 16 P]");
+    return Fail(kernel, "expected x [M, K], w [P, panel_bytes] and y [M, 16 P]");
   const int64_t M = shapes[0][0], K = shapes[0][1], N = shapes[1][0] * kPanel;
-  if (F != Format::kInt8 && K % kBlock != 0) return Fail(F, "K must be a multiple of 32 for GGUF blocks");
+  if (F != Format::kInt8 && K % kBlock != 0) return Fail(kernel, "K must be a multiple of 32 for GGUF blocks");
   if (shapes[1][1] != HeaderBytes(F) + (K + kBlock - 1) / kBlock * BlockBytes(F))
-    return Fail(F, "w's panels do not hold ceil(K / 32) blocks of this format for x's K");
-  if (shapes[out][0] != M || shapes[out][1] != N) return Fail(F, "y must be [M, 16 P]");
+    return Fail(kernel, "w's panels do not hold ceil(K / 32) blocks of this format for x's K");
+  if (shapes[out][0] != M || shapes[out][1] != N) return Fail(kernel, "y must be [M, 16 P]");
   if (ms_atb::ParseDType(dtypes[0]) != ms_atb::DType::kFloat32 ||
       ms_atb::ParseDType(dtypes[out]) != ms_atb::DType::kFloat32)
-    return Fail(F, "x and y must be float32");
+    return Fail(kernel, "x and y must be float32");
   if (ms_atb::ParseDType(dtypes[1]) != ms_atb::DType::kInt8 && std::strcmp(dtypes[1], "uint8") != 0)
-    return Fail(F, "w must be int8 or uint8 (raw bytes)");
+    return Fail(kernel, "w must be int8 or uint8 (raw bytes)");
   if (expected == 4 &&
       (ndims[2] != 1 || shapes[2][0] != 1 || ms_atb::ParseDType(dtypes[2]) != ms_atb::DType::kInt32))
-    return Fail(F, "rows must be int32 [1]");
+    return Fail(kernel, "rows must be int32 [1]");
   return 0;
 }
 
 template <Format F>
-int Call(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool with_rows) {
-  ms_atb::KernelScope profile_scope(Name(F));
-  if (Check<F>(nparam, with_rows ? 4 : 3, ndims, shapes, dtypes) != 0) return 1;
+int Call(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool with_rows,
+         bool dot) {
+  ms_atb::KernelScope profile_scope(Name(F, dot));
+  if (Check<F>(nparam, with_rows ? 4 : 3, ndims, shapes, dtypes, dot) != 0) return 1;
   const int64_t M = shapes[0][0];
   const int64_t rows = with_rows ? std::clamp<int64_t>(*static_cast<const int32_t *>(params[2]), 0, M) : M;
-  return Run<F>(rows, M, shapes[0][1], shapes[1][0], static_cast<const float *>(params[0]),
-                static_cast<const uint8_t *>(params[1]), static_cast<float *>(params[with_rows ? 3 : 2]));
+  return (dot ? RunDot<F> : Run<F>)(rows, M, shapes[0][1], shapes[1][0], static_cast<const float *>(params[0]),
+                                    static_cast<const uint8_t *>(params[1]),
+                                    static_cast<float *>(params[with_rows ? 3 : 2]));
 }
 
 }  // namespace
 
-#define MS_ATB_QUANT_MATMUL(NAME, FORMAT)                                                                   \
+#define MS_ATB_QUANT_MATMUL(NAME, FORMAT, DOT)                                                                 \
   extern "C" std::vector<int64_t> NAME##InferShape(int *ndims, int64_t **shapes, void *extra) {             \
     return {shapes[0][0], shapes[1][0] * kPanel};                                                           \
   }                                                                                                         \
@@ -201,15 +248,19 @@ int Call(int nparam, void **params, int *ndims, int64_t **shapes, const char **d
   }                                                                                                         \
   extern "C" int NAME(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,         \
                       void *stream, void *extra) {                                                          \
-    return Call<FORMAT>(nparam, params, ndims, shapes, dtypes, false);                                      \
+    return Call<FORMAT>(nparam, params, ndims, shapes, dtypes, false, DOT);                                 \
   }                                                                                                         \
   extern "C" int NAME##Rows(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,   \
                             void *stream, void *extra) {                                                    \
-    return Call<FORMAT>(nparam, params, ndims, shapes, dtypes, true);                                       \
+    return Call<FORMAT>(nparam, params, ndims, shapes, dtypes, true, DOT);                                  \
   }
 
-MS_ATB_QUANT_MATMUL(QuantMatMulQ8_0, Format::kQ8_0)
-MS_ATB_QUANT_MATMUL(QuantMatMulQ4_0, Format::kQ4_0)
-MS_ATB_QUANT_MATMUL(QuantMatMulQ4_1, Format::kQ4_1)
-MS_ATB_QUANT_MATMUL(QuantMatMulInt8, Format::kInt8)
+MS_ATB_QUANT_MATMUL(QuantMatMulQ8_0, Format::kQ8_0, false)
+MS_ATB_QUANT_MATMUL(QuantMatMulQ4_0, Format::kQ4_0, false)
+MS_ATB_QUANT_MATMUL(QuantMatMulQ4_1, Format::kQ4_1, false)
+MS_ATB_QUANT_MATMUL(QuantMatMulInt8, Format::kInt8, false)
+MS_ATB_QUANT_MATMUL(QuantDotQ8_0, Format::kQ8_0, true)
+MS_ATB_QUANT_MATMUL(QuantDotQ4_0, Format::kQ4_0, true)
+MS_ATB_QUANT_MATMUL(QuantDotQ4_1, Format::kQ4_1, true)
+MS_ATB_QUANT_MATMUL(QuantDotInt8, Format::kInt8, true)
 #undef MS_ATB_QUANT_MATMUL

@@ -10,6 +10,8 @@ With --quant FMT..., QuantMatMul instead: per weight format, one decode step's m
 weights quantized: 70-140 MB) and the lm_head alone, at M rows (best of 5), for this tree's kernels and for
 each library given with --against (e.g. one built from another checkout, to compare two versions in one run):
     .venv/bin/python scripts/bench_gemm.py --quant q4_1 q8_0 --rows 1 8 32 --against /path/to/other.so
+--activations float32 int8 times both QuantMatMul (float32 activations) and QuantDot (int8 activations, the
+weights in the dot layout) over the same weights, alternating, in one run.
 """
 import argparse
 import ctypes
@@ -23,7 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ms_atb.ops import build  # noqa: E402
 from ms_atb.ops.matmul import pack_weight  # noqa: E402
-from ms_atb.ops.quant_matmul import FORMATS, GGUF_BLOCK_BYTES, pack_gguf, quantize_int8  # noqa: E402
+from ms_atb.ops.quant_matmul import ACTIVATIONS, FORMATS, GGUF_BLOCK_BYTES, pack_gguf, quantize_int8  # noqa: E402
 
 HIDDEN, QKV, INTER, VOCAB, LAYERS = 576, 960, 1536, 49152, 30  # SmolLM2-135M
 
@@ -42,17 +44,19 @@ def call(lib, x, w, y) -> None:
 
 QUANT_KERNELS = {"q8_0": "QuantMatMulQ8_0", "q4_0": "QuantMatMulQ4_0", "q4_1": "QuantMatMulQ4_1",
                  "int8": "QuantMatMulInt8"}
+DOT_KERNELS = {"q8_0": "QuantDotQ8_0", "q4_0": "QuantDotQ4_0", "q4_1": "QuantDotQ4_1", "int8": "QuantDotInt8"}
 
 
-def random_quantized(fmt: str, k: int, n: int, rng) -> np.ndarray:
-    """A packed [K, N] weight of random blocks: random quants, scales (and Q4_1 minimums) of a trained model's
-    size (float16 0.001-0.02, never subnormal)."""
+def random_quantized(fmt: str, k: int, n: int, rng, activations=("float32",)) -> dict:
+    """{activations: a packed [K, N] weight in that kernel's layout}, all of the same random blocks: random
+    quants, scales (and Q4_1 minimums) of a trained model's size (float16 0.001-0.02, never subnormal)."""
     if fmt == "int8":
-        return quantize_int8(rng.standard_normal((k, n), np.float32) * 0.02)
+        w = rng.standard_normal((k, n), np.float32) * 0.02
+        return {a: quantize_int8(w, a) for a in activations}
     raw = rng.integers(0, 256, (n, k // 32, GGUF_BLOCK_BYTES[fmt]), np.uint8)
     halves = 2 if fmt == "q4_1" else 1
     raw[..., :2 * halves] = rng.uniform(0.001, 0.02, (n, k // 32, halves)).astype(np.float16).view(np.uint8)
-    return pack_gguf(raw.reshape(n, -1), fmt, k)
+    return {a: pack_gguf(raw.reshape(n, -1), fmt, k, a) for a in activations}
 
 
 def quant_main(args) -> None:
@@ -67,23 +71,28 @@ def quant_main(args) -> None:
           f"{os.environ.get('MS_ATB_NUM_THREADS', 'all')}), load average {os.getloadavg()[0]:.2f}")
     rng = np.random.default_rng(0)
     shapes = [(HIDDEN, QKV), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)] * LAYERS + [(HIDDEN, VOCAB)]
+    # (column name, library, activations): QuantDot only where the library has it.
+    runs = [(name if len(args.activations) == 1 else f"{name} {act}", lib, act) for name, lib in libs.items()
+            for act in args.activations if act == "float32" or hasattr(lib, DOT_KERNELS["q8_0"])]
     for fmt in args.quant:
-        weights = [random_quantized(fmt, k, n, rng) for k, n in shapes]
+        weights = [random_quantized(fmt, k, n, rng, args.activations) for k, n in shapes]
         sets = {"decode step": list(zip(shapes, weights)), "lm_head": [(shapes[-1], weights[-1])]}
         for title, mats in sets.items():
-            mbytes = sum(w.nbytes for _, w in mats) / 1e6
+            mbytes = sum(w[args.activations[0]].nbytes for _, w in mats) / 1e6
             print(f"\n{fmt}, {title} ({len(mats)} matmuls, {mbytes:.1f} MB of weights), best of 5:")
             for m in args.rows:
                 xs = {k: rng.standard_normal((m, k), np.float32) for k in (HIDDEN, INTER)}
                 ys = {n: np.zeros((m, -(-n // 16) * 16), np.float32) for _, n in shapes}
-                best, cpu = dict.fromkeys(libs, float("inf")), dict.fromkeys(libs, float("inf"))
+                best = {name: float("inf") for name, _, _ in runs}
+                cpu = dict(best)
                 for _ in range(5):
-                    for name, lib in libs.items():
-                        fn = getattr(lib, QUANT_KERNELS[fmt])
+                    for name, lib, act in runs:
+                        kernel = (DOT_KERNELS if act == "int8" else QUANT_KERNELS)[fmt]
+                        fn = getattr(lib, kernel)
                         start, start_cpu = time.perf_counter(), time.thread_time()
                         for (k, n), w in mats:
-                            if build.call_kernel(fn, [xs[k], w, ys[n]]) != 0:
-                                raise RuntimeError(f"{QUANT_KERNELS[fmt]} failed")
+                            if build.call_kernel(fn, [xs[k], w[act], ys[n]]) != 0:
+                                raise RuntimeError(f"{kernel} failed")
                         best[name] = min(best[name], time.perf_counter() - start)
                         cpu[name] = min(cpu[name], time.thread_time() - start_cpu)
                 # cpu: this thread's CPU time, free of the time a busy host gives to other processes; with
@@ -98,6 +107,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 32], help="M of the cold decode-step test")
     ap.add_argument("--quant", nargs="+", choices=FORMATS, default=[], help="time QuantMatMul of these formats")
     ap.add_argument("--against", nargs="*", default=[], help="other kernel libraries to time (with --quant)")
+    ap.add_argument("--activations", nargs="+", choices=ACTIVATIONS, default=["float32"],
+                    help="with --quant: QuantMatMul (float32) and/or QuantDot (int8 activations)")
     args = ap.parse_args()
     if args.quant:
         quant_main(args)

@@ -6,9 +6,11 @@ model with those parts removed), and the fraction of the CPU's fp32 roofline; wi
 the same shapes and weights, timed afterwards in the bench venv (scripts/bench_model_hf.py), and the ratios.
     .venv/bin/python scripts/bench_model.py [--random] [--batches 1 8 32] [--ctx 256] [--prompt 512] [--hf]
                                             [--cache-dtype auto|float16|bfloat16|int8]
-                                            [--weight-dtype float32 [int8 auto]] [--rounds 3] [--no-warmup]
-With several --weight-dtype values, one runner each is built, and every figure is timed round by round, the
-runners alternating, so that all of them see the same load: each prints its range over the rounds.
+                                            [--weight-dtype float32 [int8 auto]] [--activation-dtype float32 [int8]]
+                                            [--rounds 3] [--no-warmup]
+With several --weight-dtype / --activation-dtype values, one runner each (every valid pair; a float32 weight
+runner takes float32 activations only) is built, and every figure is timed round by round, the runners
+alternating, so that all of them see the same load: each prints its range over the rounds.
 """
 import argparse
 import importlib.util
@@ -101,6 +103,8 @@ def main():
                     help="KV cache storage (the model computes in float32)")
     ap.add_argument("--weight-dtype", nargs="+", default=["float32"], choices=["auto", "float32", "int8"],
                     help="model.weight_dtype of each runner (auto: the GGUF's Q4_1 blocks as stored)")
+    ap.add_argument("--activation-dtype", nargs="+", default=["float32"], choices=["float32", "int8"],
+                    help="model.activation_dtype of each runner (int8: the quantized linears' inputs)")
     ap.add_argument("--rounds", type=int, default=1, help="timing rounds (each runner once a round)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="compile only the graphs timed (each on its first, untimed, step)")
@@ -114,16 +118,18 @@ def main():
     num_seqs = max(args.batches)
     runners = {}
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; mindspore {ms.__version__}")
-    for wd in args.weight_dtype:
+    pairs = [(w, a) for w in args.weight_dtype for a in args.activation_dtype if a == "float32" or w != "float32"]
+    for w, act in pairs:
+        wd = w if len(args.activation_dtype) == 1 else f"{w}/{act}"
         start = time.perf_counter()
         runner = runners[wd] = ModelRunner(EngineConfig.load(
             None, path=path, num_blocks=num_seqs * blocks_per_seq, block_size=block_size, max_num_seqs=num_seqs,
             max_num_batched_tokens=args.prompt, max_model_len=max_len, cache_dtype=args.cache_dtype,
-            weight_dtype=wd))
+            weight_dtype=w, activation_dtype=act))
         load_s = time.perf_counter() - start
         formats = sorted(set(runner.weight_formats.values())) or ["float32"]
-        print(f"model: {path if args.random else os.path.basename(path)}; weight_dtype {wd} (linears: "
-              f"{', '.join(formats)}), fp32 activations, KV cache {args.cache_dtype}; load {load_s:.1f} s; "
+        print(f"model: {path if args.random else os.path.basename(path)}; weight_dtype {w} (linears: "
+              f"{', '.join(formats)}), {act} activations, KV cache {args.cache_dtype}; load {load_s:.1f} s; "
               f"buckets {runner.buckets}")
         if not args.no_warmup:
             stats = runner.warmup()
@@ -149,11 +155,11 @@ def main():
         for wd, secs in times.items():
             lo, hi = min(secs), max(secs)
             gflops = flops / lo / 1e9
-            print(f"{label} [{wd:7s}]: {lo * 1e3:7.1f}-{hi * 1e3:7.1f} ms {tokens / hi:7.1f}-{tokens / lo:7.1f} tok/s "
+            print(f"{label} [{wd:13s}]: {lo * 1e3:7.1f}-{hi * 1e3:7.1f} ms {tokens / hi:7.1f}-{tokens / lo:7.1f} tok/s "
                   f"{gflops:6.1f} GFLOP/s ({gflops / peak:.0%} of {peak:.0f})")
 
     ours = {}
-    first = args.weight_dtype[0]
+    first = next(iter(runners))
     for b in args.batches:
         times = timed(lambda: make_step(b, args.ctx, 1, block_size, blocks_per_seq), args.repeats)
         ours[b] = min(times[first])

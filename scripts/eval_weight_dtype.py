@@ -1,12 +1,13 @@
-"""Quality of each model.weight_dtype against float32 weights, on SmolLM2-135M (activations in float32).
+"""Quality of each model.weight_dtype (and activation_dtype) against float32 weights, on SmolLM2-135M.
 
 The embedded GGUF stores Q4_1 blocks: `float32` multiplies their float32 dequantisation (the reference),
 `auto` the Q4_1 blocks as stored (lm_head: the tied embedding's Q8_0 blocks), `int8` per-output-channel int8
-re-quantized on load from the dequantised values. Measured as scripts/eval_kv_dtype.py does for the KV cache:
+re-quantized on load from the dequantised values; `auto+a8` and `int8+a8` the same weights with
+model.activation_dtype int8 (the quantized linears' inputs quantized per row and block of 32). Measured as scripts/eval_kv_dtype.py does for the KV cache:
 1. perplexity on scripts/data/kv_eval_text.txt, teacher-forced through prompt log-probabilities;
 2. greedy agreement with float32 on the chat prompts of examples/demo_prompts.jsonl (--max-tokens each).
 
-    .venv/bin/python scripts/eval_weight_dtype.py [--dtypes float32,auto,int8] [--chunk 128]
+    .venv/bin/python scripts/eval_weight_dtype.py [--dtypes float32,auto,int8,auto+a8,int8+a8] [--chunk 128]
 Each dtype's result is saved as it completes (out/eval_weight_dtype.<dtype>.json); --table-only tabulates them.
 """
 import argparse
@@ -16,11 +17,13 @@ import os
 
 from eval_kv_dtype import ROOT, TEXT, eval_inputs, first_difference, host_line, measure
 
-DTYPES = ("float32", "auto", "int8")
+DTYPES = ("float32", "auto", "int8", "auto+a8", "int8+a8")   # +a8: activation_dtype int8
 
 
-def measure_weight_dtype(args, weight_dtype, ids, conversations) -> dict:
-    result = measure(args, ids, conversations, weight_dtype=weight_dtype)
+def measure_weight_dtype(args, variant, ids, conversations) -> dict:
+    weight_dtype, _, a8 = variant.partition("+")
+    result = measure(args, ids, conversations, weight_dtype=weight_dtype,
+                     activation_dtype="int8" if a8 else "float32")
     llm = result.pop("llm")
     result.update(weight_dtype=weight_dtype, formats=sorted(set(llm.weight_formats.values())) or ["float32"])
     del llm
@@ -46,7 +49,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
 
     ids, conversations = eval_inputs(args.config)
-    print(f"{host_line()}; activations float32")
+    print(f"{host_line()}; activations float32 (+a8: int8)")
     print(f"text: {os.path.relpath(TEXT, ROOT)}, {len(ids)} tokens, prefill chunks of {args.chunk}; greedy: "
           f"{len(conversations)} chat prompts x {args.max_tokens} tokens (ignore_eos)\n", flush=True)
     for d in ([] if args.table_only else dtypes):
@@ -65,7 +68,7 @@ def main() -> None:
     if "float32" not in results or len(results) < 2:
         return
     ref = results["float32"]
-    print("\n| weight_dtype | linears held as | perplexity | vs float32 | identical greedy outputs | "
+    print("\n| weight_dtype (+a8: int8 activations) | linears held as | perplexity | vs float32 | identical greedy outputs | "
           "mean tokens before first difference |")
     print("|---|---|---|---|---|---|")
     for d, r in results.items():

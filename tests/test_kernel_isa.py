@@ -1,6 +1,7 @@
 """The GEMM-shaped kernels on every instruction-set path this CPU can run, not only the one -march=native
 picks: the kernel library is rebuilt without AVX-512 (the AVX2 6 x 16 tile) and without AVX2/FMA (the
-portable tile), and PackedMatMul, QuantMatMul (each weight format, its register GEMV and its tile),
+portable tile), and PackedMatMul, QuantMatMul (each weight format, its register GEMV and its tile), QuantDot (int8 activations:
+each weight format's integer dot products, 1 to 33 rows),
 PagedAttention (decode and GEMM-tiled prefill items, over float32,
 float16, bfloat16 and int8 caches, whose rows each path converts as it reads them) and ReshapeAndCache
 (conversion and int8 quantisation) are called through their C ABI with ctypes and checked against numpy."""
@@ -13,6 +14,7 @@ from ms_atb.ops import build
 from ms_atb.ops.matmul import pack_weight
 from ops_reference import (QUANT_KERNELS, dequantize_ref, packed_and_reference, paged_attention_ref,
                            reshape_and_cache_int8_ref)
+from quant_dot_reference import DOT_KERNELS, activation_bound, quant_dot_ref, weight_fields
 
 pytestmark = pytest.mark.slow      # each variant rebuilds the kernel library
 
@@ -72,6 +74,26 @@ def test_quant_matmul_on_each_isa(library, fmt, m, k, n):
     y_float = np.full_like(y, np.nan)
     assert build.call_kernel(library.PackedMatMul, [x, pack_weight(w), y_float]) == 0
     np.testing.assert_array_equal(y, y_float)
+
+
+@pytest.mark.parametrize("fmt", sorted(DOT_KERNELS))
+@pytest.mark.parametrize("m,k,n", [(1, 576, 100), (3, 96, 40), (8, 64, 90), (33, 64, 33)])
+def test_quant_dot_on_each_isa(library, fmt, m, k, n):
+    """int8 activations: each path's integer dot products (AVX2 maddubs + madd on 2 x 8 columns, portable
+    loops) against the numpy model of the same integer arithmetic, within float32 rounding of its terms."""
+    check_quant_dot(library, fmt, m, k, n)
+
+
+def check_quant_dot(lib, fmt, m, k, n):
+    packed, fields = weight_fields(fmt, k, n, m + k + n)
+    x = np.random.default_rng(m * k).standard_normal((m, k)).astype(np.float32)
+    x[0, 3] = -25.0                                     # an outlier: the other values of its block lose bits
+    y = np.full((m, packed.shape[0] * 16), np.nan, np.float32)
+    assert build.call_kernel(getattr(lib, DOT_KERNELS[fmt]), [x, packed, y]) == 0
+    want, terms = quant_dot_ref(x, fmt, fields)
+    assert np.all(np.abs(y[:, :n] - want) <= 1e-5 * terms + 1e-30)
+    assert np.all(np.abs(y[:, :n] - x.astype(np.float64) @ fields[4]) <= activation_bound(x, fields[4]) * 1.0001
+                  + 1e-5 * terms + 1e-30)
 
 
 @pytest.mark.parametrize("bs,layout", [(16, "scattered"), (16, "contiguous"), (5, "contiguous")])
@@ -170,6 +192,29 @@ def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
+AVX512 = ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl")
+
+
+@pytest.mark.parametrize("variant,flags,needs", [("bw", AVX512, {"avx512f", "avx512bw"}),
+                                                 ("vnni", AVX512 + ("-mavx512vnni",), {"avx512f", "avx512_vnni"}),
+                                                 ("f_only", ("-mavx512f",), {"avx512f"})])
+def test_avx512_quant_dot_compiles(tmp_path, variant, flags, needs):
+    """QuantDot's AVX-512 paths (VNNI dpbusd; BW maddubs + madd on 64 bytes; AVX-512F without BW: the AVX2
+    integer path into zmm floats) build on any x86 CPU; they run, against the integer model, where the CPU
+    has the instructions."""
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("AVX-512 is an x86 instruction set")
+    path = tmp_path / f"dot_{variant}.so"
+    build.compile_library(path, flags, sources=("quant_matmul.cc",))
+    assert build.is_complete_elf(path)
+    if needs <= _cpu_flags():
+        lib = ctypes.CDLL(str(path))
+        for fmt in sorted(DOT_KERNELS):
+            for m, k, n in ((1, 576, 100), (5, 64, 40), (33, 96, 33)):
+                check_quant_dot(lib, fmt, m, k, n)
+
+
 def test_avx512_gemm_paths_compile(tmp_path):
     """The AVX-512 tiles (PackedMatMul's panel pairs, QuantMatMul's dequantised pairs) build on any x86 CPU;
     they run, and are checked against numpy, where the CPU has AVX-512 (the native build above)."""
@@ -177,8 +222,7 @@ def test_avx512_gemm_paths_compile(tmp_path):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("AVX-512 is an x86 instruction set")
     path = tmp_path / "avx512.so"
-    build.compile_library(path, ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"),
-                          sources=("matmul.cc", "quant_matmul.cc"))
+    build.compile_library(path, AVX512, sources=("matmul.cc", "quant_matmul.cc"))
     assert build.is_complete_elf(path)
     if "avx512f" in _cpu_flags():
         lib = ctypes.CDLL(str(path))

@@ -122,10 +122,12 @@ class ModelRunner:
         backend = config.kv_cache.attention_backend
         self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
         self.weight_formats, _ = weight_formats(model_path, self.model_config, config.model.weight_dtype,
-                                                tp_size, device)
+                                                tp_size, device, config.model.activation_dtype)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
-                                      cache_dtype=self.cache_dtype, weight_formats=self.weight_formats)
+                                      cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
+                                      activation_dtype=config.model.activation_dtype)
+        self.activation_dtype = config.model.activation_dtype   # the quantized linears' kernels and layout
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.weight_cache = self._load_weights(config.context.compile_cache)
         self.compiled = set()                    # token buckets whose graph is ready
@@ -143,7 +145,7 @@ class ModelRunner:
         read = loader.model_kind(self.model_path)[0] != "random"     # computed weights are not kept
         parts = {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
                  "dtype": str(self.dtype), "weight_formats": self.weight_formats,
-                 "device": ms.get_context("device_target"), "tp": [self.tp_size, self.tp_rank]} if read else None
+                 "activation_dtype": self.activation_dtype, "device": ms.get_context("device_target"), "tp": [self.tp_size, self.tp_rank]} if read else None
         cache = WeightCache(cache_root(compile_cache), parts)
         weights = self.model.weight_parameters()
         if not cache.load(weights):
@@ -250,7 +252,7 @@ class ModelRunner:
         from ms_atb.ops.build import kernel_library
         return {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
                 "dtype": str(self.dtype), "cache_dtype": str(self.cache_dtype), "device": ms.get_context("device_target"),
-                "weight_formats": self.weight_formats,
+                "weight_formats": self.weight_formats, "activation_dtype": self.activation_dtype,
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
                 "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library(),

@@ -1,0 +1,290 @@
+// The int8-activation path of QuantMatMul (QuantDot<F> of ops/quant_matmul.cc): x is quantized per row and per
+// block of 32 k, and each weight block meets it in integer dot products (AVX2: maddubs + madd; AVX-512BW:
+// the same on 64 bytes; AVX-512 VNNI: dpbusd; portable: plain loops), scaled to float32 once per block.
+//   x block: d_x = max |x| / 127, q_x = round(x / d_x) (float32 division, nearest even; d_x = 0: q_x = 0),
+//            s_x = sum of q_x over the block.
+//   per block of a column, i = sum over the block's k of q_w * q_x (int32, exact):
+//     Q8_0: y += (d_w * d_x) * i
+//     Q4_0: y += (d_w * d_x) * (i - 8 s_x)      (q_w: the nibble; the -8 offset through s_x, exactly)
+//     Q4_1: y += (d_w * d_x) * i + m_w * (d_x * s_x)
+//     Int8: y += d_x * i, and y *= s_w at the end (one scale a column)
+// Weight layout (the "dot" layout, packed at load for this path only): quant_matmul.cc's panels with each
+// block's quants re-ordered so that 4 consecutive k of one column share a 32-bit lane, the operand the
+// integer dot instructions take: a group of 64 bytes holds k = 4g..4g+3 of the 16 columns, column-major.
+//   Q8_0 / Int8: 8 groups, group g: k = 4g + j at byte 4c + j.
+//   Q4_0 / Q4_1: 4 groups, group g: byte 4c + j holds k = 4g + j (low nibble) and k = 16 + 4g + j (high).
+// Headers and scales are where quant_matmul.cc keeps them; the float32-activation layout is not used here.
+#ifndef MS_ATB_OPS_QUANT_DOT_H_
+#define MS_ATB_OPS_QUANT_DOT_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "quant_gemv.h"
+
+namespace ms_atb {
+namespace dot {
+
+using gemv::Vec;
+
+// The quantized rows of x: q [rows][kq] (kq = ceil(K / 32) 32, zero past K), d and s [rows][kq / 32].
+struct QuantRows {
+  const int8_t *q;
+  const float *d;
+  const int32_t *s;
+  int64_t kq;
+};
+
+// One row of x [K] into q [kq], d and s [kq / 32]. Plain loops the compiler vectorises (no libm calls).
+inline void QuantizeRow(const float *x, int64_t K, int8_t *q, float *d, int32_t *s) {
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += kQuantBlock, ++b) {
+    const int64_t n = K - k0 < kQuantBlock ? K - k0 : kQuantBlock;
+    float xb[kQuantBlock] = {};  // the block, zero past K
+    std::memcpy(xb, x + k0, sizeof(float) * n);
+    float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+    for (int k = 0; k < kQuantBlock; ++k) {
+      const float a = xb[k] < 0.0f ? -xb[k] : xb[k];
+      amax = a > amax ? a : amax;
+    }
+    const float db = amax / 127.0f;
+    const float div = db > 0.0f ? db : 1.0f;  // d_x = 0: every x is 0 and so is every q
+    int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int k = 0; k < kQuantBlock; ++k) {
+      float v = std::nearbyint(xb[k] / div);
+      v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;  // |x| / d_x rounds to at most 127
+      q[k0 + k] = static_cast<int8_t>(v);
+      sum += static_cast<int32_t>(v);
+    }
+    d[b] = db;
+    s[b] = sum;
+  }
+}
+
+// Ints: 16 int32 sums, one a column; Group: 64 weight bytes (16 columns x 4 k). Their operations, per ISA.
+#if defined(__AVX512BW__)
+struct Ints { __m512i v; };
+struct Group { __m512i v; };
+inline Ints IntsZero() { return {_mm512_setzero_si512()}; }
+inline Group Load(const uint8_t *p) { return {_mm512_loadu_si512(p)}; }
+inline Group LowNibbles(Group g) { return {_mm512_and_si512(g.v, _mm512_set1_epi8(15))}; }
+inline Group HighNibbles(Group g) { return {_mm512_and_si512(_mm512_srli_epi16(g.v, 4), _mm512_set1_epi8(15))}; }
+// acc[c] += sum_j u[4c + j] * x4[j]: u unsigned (at most 128: maddubs' pairs stay within int16), x4 signed.
+inline Ints DotUnsigned(Ints acc, Group u, int32_t x4) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpbusd_epi32(acc.v, u.v, _mm512_set1_epi32(x4))};
+#else
+  const __m512i pairs = _mm512_maddubs_epi16(u.v, _mm512_set1_epi32(x4));
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
+#endif
+}
+// A signed group as |w| and the lanes where w < 0: x takes w's sign, |w| the unsigned operand.
+struct Signed { Group abs; __mmask64 neg; };
+inline Signed PrepareSigned(Group g) { return {{_mm512_abs_epi8(g.v)}, _mm512_movepi8_mask(g.v)}; }
+inline Ints DotSigned(Ints acc, const Signed &w, int32_t x4) {
+  const __m512i x = _mm512_set1_epi32(x4);
+  const __m512i xs = _mm512_mask_sub_epi8(x, w.neg, _mm512_setzero_si512(), x);
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpbusd_epi32(acc.v, w.abs.v, xs)};
+#else
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(w.abs.v, xs), _mm512_set1_epi16(1)))};
+#endif
+}
+inline Ints AddInt(Ints a, int32_t b) { return {_mm512_add_epi32(a.v, _mm512_set1_epi32(b))}; }
+inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(a.v)}; }
+#if defined(__AVX512VNNI__)
+using Pairs = Ints;  // dpbusd sums into int32 directly
+inline Pairs PairsZero() { return IntsZero(); }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) { return DotUnsigned(acc, u, x4); }
+inline Ints Widen(Pairs p) { return p; }
+#else
+struct Pairs { __m512i v; };  // 32 int16 sums of pairs, 2 a column
+inline Pairs PairsZero() { return {_mm512_setzero_si512()}; }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) {
+  return {_mm512_add_epi16(acc.v, _mm512_maddubs_epi16(u.v, _mm512_set1_epi32(x4)))};
+}
+inline Ints Widen(Pairs p) { return {_mm512_madd_epi16(p.v, _mm512_set1_epi16(1))}; }
+#endif
+#elif defined(__AVX2__) && (defined(__FMA__) || defined(__AVX512F__))
+struct Ints { __m256i lo, hi; };   // columns 0..7, 8..15
+struct Group { __m256i lo, hi; };  // bytes 0..31 (columns 0..7), 32..63 (columns 8..15)
+inline Ints IntsZero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline Group Load(const uint8_t *p) {
+  const __m256i *v = reinterpret_cast<const __m256i *>(p);
+  return {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+}
+inline Group LowNibbles(Group g) {
+  const __m256i m = _mm256_set1_epi8(15);
+  return {_mm256_and_si256(g.lo, m), _mm256_and_si256(g.hi, m)};
+}
+inline Group HighNibbles(Group g) {
+  const __m256i m = _mm256_set1_epi8(15);
+  return {_mm256_and_si256(_mm256_srli_epi16(g.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(g.hi, 4), m)};
+}
+inline __m256i Dot8(__m256i acc, __m256i u, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+inline Ints DotUnsigned(Ints acc, Group u, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {Dot8(acc.lo, u.lo, x), Dot8(acc.hi, u.hi, x)};
+}
+struct Signed { Group abs, sign; };
+inline Signed PrepareSigned(Group g) { return {{_mm256_abs_epi8(g.lo), _mm256_abs_epi8(g.hi)}, g}; }
+inline Ints DotSigned(Ints acc, const Signed &w, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {Dot8(acc.lo, w.abs.lo, _mm256_sign_epi8(x, w.sign.lo)),
+          Dot8(acc.hi, w.abs.hi, _mm256_sign_epi8(x, w.sign.hi))};
+}
+inline Ints AddInt(Ints a, int32_t b) {
+  const __m256i v = _mm256_set1_epi32(b);
+  return {_mm256_add_epi32(a.lo, v), _mm256_add_epi32(a.hi, v)};
+}
+struct Pairs { __m256i lo, hi; };  // int16 sums of pairs, 2 a column
+inline Pairs PairsZero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(u.lo, x)),
+          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(u.hi, x))};
+}
+inline Ints Widen(Pairs p) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_madd_epi16(p.lo, one), _mm256_madd_epi16(p.hi, one)};
+}
+#if defined(__AVX512F__)
+inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(a.lo), a.hi, 1))}; }
+#else
+inline Vec ToVec(Ints a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+#endif
+#else
+struct Ints { int32_t v[kQuantPanel]; };
+struct Group { uint8_t v[4 * kQuantPanel]; };
+inline Ints IntsZero() { return {}; }
+inline Group Load(const uint8_t *p) {
+  Group g;
+  std::memcpy(g.v, p, sizeof(g.v));
+  return g;
+}
+inline Group LowNibbles(Group g) {
+  for (auto &b : g.v) b &= 15;
+  return g;
+}
+inline Group HighNibbles(Group g) {
+  for (auto &b : g.v) b >>= 4;
+  return g;
+}
+inline Ints DotUnsigned(Ints acc, Group u, int32_t x4) {
+  int8_t x[4];
+  std::memcpy(x, &x4, 4);
+  for (int c = 0; c < kQuantPanel; ++c)
+    for (int j = 0; j < 4; ++j) acc.v[c] += static_cast<int32_t>(u.v[4 * c + j]) * x[j];
+  return acc;
+}
+struct Signed { Group w; };
+inline Signed PrepareSigned(Group g) { return {g}; }
+inline Ints DotSigned(Ints acc, const Signed &w, int32_t x4) {
+  int8_t x[4];
+  std::memcpy(x, &x4, 4);
+  for (int c = 0; c < kQuantPanel; ++c)
+    for (int j = 0; j < 4; ++j) acc.v[c] += static_cast<int32_t>(static_cast<int8_t>(w.w.v[4 * c + j])) * x[j];
+  return acc;
+}
+inline Ints AddInt(Ints a, int32_t b) {
+  for (auto &v : a.v) v += b;
+  return a;
+}
+using Pairs = Ints;  // int32 sums: no narrower partial sums to widen
+inline Pairs PairsZero() { return IntsZero(); }
+inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) { return DotUnsigned(acc, u, x4); }
+inline Ints Widen(Pairs p) { return p; }
+inline Vec ToVec(Ints a) {
+  Vec r;
+  for (int c = 0; c < kQuantPanel; ++c) r.v[c] = static_cast<float>(a.v[c]);
+  return r;
+}
+#endif
+
+inline int32_t Four(const int8_t *q) {  // 4 quants of x as one 32-bit lane
+  int32_t v;
+  std::memcpy(&v, q, 4);
+  return v;
+}
+
+// One panel times MR rows of x (rows r of xq from row0) into y[r * ldy ... + 16].
+template <QuantFormat F, int MR>
+void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t nb, float *y, int64_t ldy) {
+  Vec acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = gemv::Zero();
+  const uint8_t *blocks = panel + QuantHeaderBytes(F);
+  const int64_t nbx = xq.kq / kQuantBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *blk = blocks + b * QuantBlockBytes(F);
+    const int8_t *xb[MR];
+    for (int r = 0; r < MR; ++r) xb[r] = xq.q + (row0 + r) * xq.kq + b * kQuantBlock;
+    Ints sum[MR];
+    for (int r = 0; r < MR; ++r) sum[r] = IntsZero();
+    if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
+      const uint8_t *q = blk + (F == QuantFormat::kQ8_0 ? 32 : 0);
+      for (int g = 0; g < kQuantBlock / 4; ++g) {
+        const Signed w = PrepareSigned(Load(q + 64 * g));
+        for (int r = 0; r < MR; ++r) sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
+      }
+    } else {
+      // Nibble pairs: each maddubs pair is at most 2 x 15 x 127 = 3810, so a block's 8 of them sum to at most
+      // 30480 in int16 (Pairs) before one widening a block.
+      const uint8_t *q = blk + (F == QuantFormat::kQ4_1 ? 64 : 32);
+      Pairs pairs[MR];
+      for (int r = 0; r < MR; ++r) pairs[r] = PairsZero();
+      for (int g = 0; g < kQuantBlock / 8; ++g) {
+        const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
+        for (int r = 0; r < MR; ++r) {
+          pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
+          pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
+        }
+      }
+      for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
+    }
+    if constexpr (F == QuantFormat::kInt8) {
+      for (int r = 0; r < MR; ++r)
+        acc[r] = gemv::Fma(ToVec(sum[r]), gemv::Splat(xq.d[(row0 + r) * nbx + b]), acc[r]);
+    } else {
+      const Vec dw = gemv::Halves(blk), mw = F == QuantFormat::kQ4_1 ? gemv::Halves(blk + 32) : dw;
+      for (int r = 0; r < MR; ++r) {
+        const int64_t i = (row0 + r) * nbx + b;
+        if constexpr (F == QuantFormat::kQ4_0) sum[r] = AddInt(sum[r], -8 * xq.s[i]);
+        acc[r] = gemv::Fma(ToVec(sum[r]), gemv::Mul(dw, gemv::Splat(xq.d[i])), acc[r]);
+        if constexpr (F == QuantFormat::kQ4_1)
+          acc[r] = gemv::Fma(mw, gemv::Splat(xq.d[i] * static_cast<float>(xq.s[i])), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    if constexpr (F == QuantFormat::kInt8) acc[r] = gemv::Mul(acc[r], gemv::LoadFloats(panel));
+    gemv::Store(y + r * ldy, acc[r]);
+  }
+}
+
+// Panels [p0, p1) times rows [r0, r1) of x: panel by panel, each panel for every group of up to 4 rows while
+// its bytes are in L1. y: row 0, column 0 of the output.
+template <QuantFormat F>
+void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, int64_t panel_bytes, int64_t nb,
+                int64_t p0, int64_t p1, float *y, int64_t ldy) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t *panel = w + p * panel_bytes;
+    for (int64_t r = r0; r < r1; r += 4) {
+      float *yr = y + r * ldy + p * kQuantPanel;
+      switch (r1 - r < 4 ? r1 - r : 4) {
+        case 1: PanelRows<F, 1>(xq, r, panel, nb, yr, ldy); break;
+        case 2: PanelRows<F, 2>(xq, r, panel, nb, yr, ldy); break;
+        case 3: PanelRows<F, 3>(xq, r, panel, nb, yr, ldy); break;
+        default: PanelRows<F, 4>(xq, r, panel, nb, yr, ldy); break;
+      }
+    }
+  }
+}
+
+}  // namespace dot
+}  // namespace ms_atb
+
+#endif  // MS_ATB_OPS_QUANT_DOT_H_
