@@ -19,6 +19,19 @@ constexpr int64_t kTileRows = 12;  // 12 rows of one zmm (16 floats) each: 12 of
 constexpr int64_t kTileRows = 6;  // 6 rows of two ymm each: 12 of the 16 ymm registers
 #endif
 
+// The part of y = x[0:M] @ W that needs no product, for a y of M_total rows and N columns: the rows past the M
+// valid ones are zero, and all of y when K is 0. Returns true when nothing is left to multiply.
+inline bool ZeroWithoutProduct(int64_t M, int64_t M_total, int64_t K, int64_t N, float *y) {
+  if (M_total == 0 || N == 0) return true;
+  std::memset(y + M * N, 0, sizeof(float) * (M_total - M) * N);  // rows past the valid ones
+  if (M == 0) return true;
+  if (K == 0) {
+    std::memset(y, 0, sizeof(float) * M * N);
+    return true;
+  }
+  return false;
+}
+
 template <int MR>
 inline void GemmTile(const float *__restrict a, int64_t lda, int64_t ka, const float *__restrict b, int64_t ldb,
                      float *__restrict c, int64_t ldc, int64_t K, bool accumulate) {

@@ -43,13 +43,7 @@ namespace {
 
 int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const float *w, float *y) {
   const int64_t N = P * kPanel;
-  if (M_total == 0 || P == 0) return 0;
-  std::memset(y + M * N, 0, sizeof(float) * (M_total - M) * N);  // rows past the valid ones
-  if (M == 0) return 0;
-  if (K == 0) {
-    std::memset(y, 0, sizeof(float) * M * N);
-    return 0;
-  }
+  if (ms_atb::ZeroWithoutProduct(M, M_total, K, N, y)) return 0;
   // Items: row blocks of up to 8 register tiles (x's block stays in L2) times column blocks of 1-4 panels
   // (2-4 with AVX-512, whose tile spans a pair of panels), enough items to keep every thread busy.
   ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();

@@ -110,13 +110,7 @@ template <Format F>
 int Run(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const uint8_t *w, float *y) {
   const int64_t N = P * kPanel;
   const int64_t panel_bytes = HeaderBytes(F) + (K + kBlock - 1) / kBlock * BlockBytes(F);
-  if (M_total == 0 || P == 0) return 0;
-  std::memset(y + M * N, 0, sizeof(float) * (M_total - M) * N);  // rows past the valid ones
-  if (M == 0) return 0;
-  if (K == 0) {
-    std::memset(y, 0, sizeof(float) * M * N);
-    return 0;
-  }
+  if (ms_atb::ZeroWithoutProduct(M, M_total, K, N, y)) return 0;
   ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
   if (M <= ms_atb::kGemvMaxRows) {
     // Items of whole panel groups, about 4 a thread but at least kGemvItemBytes of weights each: smaller
@@ -168,13 +162,7 @@ template <Format F>
 int RunDot(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, const uint8_t *w, float *y) {
   const int64_t N = P * kPanel, nb = (K + kBlock - 1) / kBlock, kq = nb * kBlock;
   const int64_t panel_bytes = HeaderBytes(F) + nb * BlockBytes(F);
-  if (M_total == 0 || P == 0) return 0;
-  std::memset(y + M * N, 0, sizeof(float) * (M_total - M) * N);  // rows past the valid ones
-  if (M == 0) return 0;
-  if (K == 0) {
-    std::memset(y, 0, sizeof(float) * M * N);
-    return 0;
-  }
+  if (ms_atb::ZeroWithoutProduct(M, M_total, K, N, y)) return 0;
   ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
   std::vector<int8_t> q(M * kq);      // [M][kq]
   std::vector<float> d(M * nb);       // [M][nb]
