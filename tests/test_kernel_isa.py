@@ -193,39 +193,46 @@ def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache)
 
 
 AVX512 = ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl")
+_AVX512 = {}    # flags -> path of the library built with them
+
+
+def avx512_library(tmp_path_factory, flags) -> str:
+    """The GEMM-shaped kernels built with `flags` (once a process: the builds take most of these tests' time)."""
+    if flags not in _AVX512:
+        path = tmp_path_factory.mktemp("avx512") / "kernels.so"
+        build.compile_library(path, flags, sources=("matmul.cc", "quant_matmul.cc"))
+        assert build.is_complete_elf(path)
+        _AVX512[flags] = str(path)
+    return _AVX512[flags]
 
 
 @pytest.mark.parametrize("variant,flags,needs", [("bw", AVX512, {"avx512f", "avx512bw"}),
                                                  ("vnni", AVX512 + ("-mavx512vnni",), {"avx512f", "avx512_vnni"}),
                                                  ("f_only", ("-mavx512f",), {"avx512f"})])
-def test_avx512_quant_dot_compiles(tmp_path, variant, flags, needs):
+def test_avx512_quant_dot_compiles(tmp_path_factory, variant, flags, needs):
     """QuantDot's AVX-512 paths (VNNI dpbusd; BW maddubs + madd on 64 bytes; AVX-512F without BW: the AVX2
     integer path into zmm floats) build on any x86 CPU; they run, against the integer model, where the CPU
     has the instructions."""
     import platform
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("AVX-512 is an x86 instruction set")
-    path = tmp_path / f"dot_{variant}.so"
-    build.compile_library(path, flags, sources=("quant_matmul.cc",))
-    assert build.is_complete_elf(path)
+    path = avx512_library(tmp_path_factory, flags)
     if needs <= _cpu_flags():
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(path)
         for fmt in sorted(DOT_KERNELS):
             for m, k, n in ((1, 576, 100), (5, 64, 40), (33, 96, 33)):
                 check_quant_dot(lib, fmt, m, k, n)
 
 
-def test_avx512_gemm_paths_compile(tmp_path):
+def test_avx512_gemm_paths_compile(tmp_path_factory):
     """The AVX-512 tiles (PackedMatMul's panel pairs, QuantMatMul's dequantised pairs) build on any x86 CPU;
     they run, and are checked against numpy, where the CPU has AVX-512 (the native build above)."""
     import platform
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("AVX-512 is an x86 instruction set")
-    path = tmp_path / "avx512.so"
-    build.compile_library(path, AVX512, sources=("matmul.cc", "quant_matmul.cc"))
-    assert build.is_complete_elf(path)
+    path = avx512_library(tmp_path_factory, AVX512)
     if "avx512f" in _cpu_flags():
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(path)
         packed, w = packed_and_reference("q4_1", 64, 150, 9)
         for m in (1, 5, 13):                 # the GEMV (8 panels in flight, then 2 one by one), the tile
             x = np.random.default_rng(9).standard_normal((m, 64)).astype(np.float32)
