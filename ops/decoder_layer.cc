@@ -111,7 +111,7 @@ int Layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **
   for (int i = 0; i < 4; ++i) {
     if (plan[i] < 0 || plan[i] >= kNumKinds) return Fail("plan names an unknown linear kernel (kinds 0..8)");
     width[i] = plan[4 + i];
-    if (width[i] < 1 || shapes[kW + i][0] != (width[i] + kPanel - 1) / kPanel)
+    if (width[i] < 1 || ndims[kW + i] < 2 || shapes[kW + i][0] != (width[i] + kPanel - 1) / kPanel)
       return Fail("a weight's panels do not cover its linear's output width in plan");
   }
   const int64_t q_width = width[0] - 2 * KVH * D;
