@@ -1,7 +1,7 @@
 """Kernels and their registration through mindspore.ops.Custom.
 
 `reshape_and_cache` and `paged_attention` are the functional forms of docs/design.md (argument checks, then a Cell).
-`ReshapeAndCache`, `RopeAndCache`, `PagedAttention`, `CachedAttention`, `PackedMatMul`, `QuantMatMul` and the elementwise ops are Cells
+`ReshapeAndCache`, `RopeAndCache`, `PagedAttention`, `CachedAttention`, `DecoderLayer`, `PackedMatMul`, `QuantMatMul` and the elementwise ops are Cells
 usable inside graph-mode Cells, on the CPU through C++ aot kernels (compiled on first use, see build.py) or our AscendC kernels run by a CPU
 implementation of the Ascend C API subset (ascendc_build.py), and on Ascend through our AscendC custom
 ops or MindSpore's built-in ops (backends.py; unverified; PackedMatMul, QuantMatMul and the elementwise kernels are CPU-only: on Ascend
