@@ -7,8 +7,8 @@ from mindspore import nn, ops
 from ms_atb.models.llama_config import LlamaConfig
 from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
                                     num_kv_heads_per_rank)
-from ms_atb.ops import (AddRmsNorm, CachedAttention, PagedAttention, ReshapeAndCache, RmsNorm, RotaryEmbedding,
-                        SwiGlu)
+from ms_atb.ops import (AddRmsNorm, CachedAttention, DecoderLayer, PagedAttention, ReshapeAndCache, RmsNorm,
+                        RotaryEmbedding, SwiGlu)
 from ms_atb.ops.backends import resolve_backend
 
 
@@ -108,21 +108,37 @@ class LlamaMLP(nn.Cell):
 
 class LlamaDecoderLayer(nn.Cell):
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None,
-                 quantized=False, formats=("float32",) * 4, activations="float32"):
+                 quantized=False, formats=("float32",) * 4, activations="float32", one_op=True):
         """formats: the weight formats of (qkv_proj, o_proj, gate_up_proj, down_proj); activations: their
-        quantized inputs' dtype (model.activation_dtype)."""
+        quantized inputs' dtype (model.activation_dtype). one_op: the layer runs as one DecoderLayer op where
+        it can (below); False keeps one op per part (for comparing the two)."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized,
                                         formats[:2], activations)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank, formats[2:], activations)
+        # On the CPU fused path (our float32 kernels, cpu attention) each of the layer's 8 kernels costs a
+        # MindSpore dispatch (~30-45 us) whatever its size: one op calls them all. Not with tensor parallelism
+        # (an AllReduce sits between the parts), nor with a qkv bias or qk-norm (ops between the kernels).
+        attn = self.self_attn
+        self.one_op = one_op and attn.fused and tp_size == 1 and not (attn.has_bias or attn.has_qk_norm)
+        if self.one_op:
+            linears = (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+            self.layer = DecoderLayer(config.rms_norm_eps, attn.head_dim ** -0.5, tuple(x.fmt for x in linears),
+                                      tuple(x.out_features for x in linears), activations, quantized)
 
     def construct(self, h, residual, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
                   context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
         """h [T, hidden]: the previous layer's MLP output, or the embeddings with residual None; residual
         [T, hidden]: the running sum before h. Returns (MLP output, residual): the layer's output is their
         sum, added by the next layer's first norm (one op with it)."""
+        if self.one_op:
+            attn, mlp = self.self_attn, self.mlp
+            return self.layer(h, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight,
+                              attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
+                              cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables, context_lens,
+                              query_start_loc, rows, key_scale_cache, value_scale_cache)
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
