@@ -138,7 +138,7 @@ def main():
     peak = measured_peak_gflops()
     kv_per_token = kv_cache_bytes_per_block(c, block_size, "float32", 1, args.cache_dtype) // block_size
     for wd, runner in runners.items():
-        weights = sum(p.size * np.dtype(ms.dtype_to_nptype(p.dtype)).itemsize for p in runner.model.get_parameters()
+        weights = sum(p.nbytes for p in runner.model.get_parameters()
                       if not any(x in p.name for x in ("cache", "rope", "embed_tokens")))
         print(f"weight_dtype {wd}: a decode step reads {weights / 2**20:.0f} MiB of weights (lm_head included; "
               f"one embedding row a token) + {kv_per_token / 1024:.0f} KiB of KV per context token")
