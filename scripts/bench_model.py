@@ -22,8 +22,11 @@ import sys
 import time
 from types import SimpleNamespace
 
-import mindspore as ms
-import numpy as np
+from ms_atb import quiet
+
+quiet.set_up()                                   # before MindSpore is imported (MS_ATB_VERBOSE=1: all its logs)
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
 
 from ms_atb.config import EngineConfig
 from ms_atb.worker.model_runner import ModelRunner, kv_cache_bytes_per_block

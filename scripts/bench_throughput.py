@@ -213,6 +213,8 @@ class LlamaCppBatched:
 # ---- ms_atb (this process) --------------------------------------------------------------------
 class MsAtbEngine:
     def __init__(self, config: str, overrides: dict):
+        from ms_atb import quiet
+        quiet.set_up()                           # before MindSpore is imported (MS_ATB_VERBOSE=1: all its logs)
         import mindspore
         from ms_atb import LLM, SamplingParams
         self.SamplingParams = SamplingParams
@@ -221,7 +223,8 @@ class MsAtbEngine:
         self.llm.generate([[100] * 40], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
         c = self.llm.config
         self.versions = {"mindspore": mindspore.__version__, "weight_dtype": c.model.weight_dtype,
-                         "cache_dtype": c.kv_cache.cache_dtype, "max_num_seqs": c.scheduler.max_num_seqs,
+                         "activation_dtype": c.model.activation_dtype, "cache_dtype": c.kv_cache.cache_dtype,
+                         "max_num_seqs": c.scheduler.max_num_seqs,
                          "max_num_batched_tokens": c.scheduler.max_num_batched_tokens,
                          "num_blocks": self.llm.num_blocks, "graphs": self.llm.runner.graph_stats()}
 
@@ -334,8 +337,10 @@ def main() -> None:
         load = f"loaded in {p.info['load_s']:.1f} s; " if "load_s" in p.info else ""
         print(f"{p.name}: {load}{p.info['versions']}", flush=True)
     print(f"ms_atb: Python {platform.python_version()}, numpy {np.__version__}; GGUF {gguf}")
+    dtypes = (f"weight_dtype {ms['weight_dtype']}, activation_dtype {ms.get('activation_dtype', 'float32')}, "
+              f"cache_dtype {ms['cache_dtype']}")
     note = {"llama.cpp batched": f" (Q4_1 weights as stored, {parallel} sequences, continuous batching)",
-            "hf": " (fp32, batches of 16)", "ms_atb": f" (weight_dtype {ms['weight_dtype']}, cache_dtype {ms['cache_dtype']})"}
+            "hf": " (fp32, batches of 16)", "ms_atb": f" ({dtypes})"}
     results, ratios = {}, {}
     for w in args.workloads:
         names = ["ms_atb"] + [p.name for p in peers
