@@ -12,6 +12,7 @@ from mindspore import Parameter, Tensor, nn
 from ms_atb.models.llama import LlamaConfig, rope_tables
 from ms_atb.models.llama_layers import LlamaAttention
 from ms_atb.ops import AddRmsNorm, CachedAttention, LastTokenNorm, PagedAttention, RopeAndCache, build
+from graph_helpers import Apply, close
 from ops_reference import (dequantize_ref, paged_attention_ref, reshape_and_cache_int8_ref, reshape_and_cache_ref,
                            rms_norm_ref, rope_ref)
 
@@ -20,19 +21,6 @@ ms.set_context(mode=ms.GRAPH_MODE)
 HEADS, KV_HEADS, D, BS, NB = 4, 2, 16, 4, 6
 CACHE_DTYPES = {"float32": (ms.float32, np.float32), "float16": (ms.float16, np.float32),
                 "bfloat16": (ms.bfloat16, np.float32), "int8": (ms.int8, np.int8)}
-
-
-class Apply(nn.Cell):
-    def __init__(self, op):
-        super().__init__()
-        self.op = op
-
-    def construct(self, *args):
-        return self.op(*args)
-
-
-def close(out, ref, tol):
-    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("t,h", [(5, 64), (300, 576)])

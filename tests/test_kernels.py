@@ -9,29 +9,15 @@ import sys
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
+from mindspore import Tensor
 
 from ms_atb.models.llama import LlamaConfig, rope_tables
 from ms_atb.models.parallel import ColumnParallelLinear, RowParallelLinear
 from ms_atb.ops import PackedMatMul, RmsNorm, RotaryEmbedding, SwiGlu, pack_weight, packed_shape, unpack_weight
+from graph_helpers import Apply, close, run
 from ops_reference import rms_norm_ref, rope_ref, swiglu_ref
 
 ms.set_context(mode=ms.GRAPH_MODE)
-
-
-class Apply(nn.Cell):
-    """One op alone inside a graph-mode Cell."""
-
-    def __init__(self, op):
-        super().__init__()
-        self.op = op
-
-    def construct(self, *args):
-        return self.op(*args)
-
-
-def run(cell, *arrays):
-    return cell(*(Tensor(a) for a in arrays)).asnumpy()
 
 
 def matmul(x, w):
@@ -198,10 +184,6 @@ def test_linear_keeps_plain_layout_off_the_cpu_and_packs_half_precision_on_it():
     half.set_weight(w)
     out = run(Apply(half), x)
     assert out.dtype == np.float16 and np.array_equal(out, (x.astype(np.float32) @ w).astype(np.float16))
-
-
-def close(out, ref, tol):
-    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("t,h", [(5, 64), (300, 576)])

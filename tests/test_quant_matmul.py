@@ -6,8 +6,8 @@ import ctypes
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
 
+from graph_helpers import Apply, run
 from ms_atb.ops import build
 from ms_atb.ops.quant_matmul import FORMATS, QuantMatMul, dequantize, pack_gguf, packed_shape
 from ops_reference import QUANT_KERNELS as KERNELS, packed_and_reference
@@ -102,17 +102,9 @@ def test_quant_matmul_cell_in_graph():
     """The Cell inside a graph-mode Cell, with rows, N padded."""
     ms.set_context(mode=ms.GRAPH_MODE)
 
-    class Apply(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.mm = QuantMatMul("q4_1", 40)
-
-        def construct(self, x, w, rows):
-            return self.mm(x, w, rows)
-
     packed, w = packed_and_reference("q4_1", 64, 40, 6)
     x = np.random.default_rng(7).standard_normal((6, 64)).astype(np.float32)
-    y = Apply()(Tensor(x), Tensor(packed), Tensor(np.array([4], np.int32))).asnumpy()
+    y = run(Apply(QuantMatMul("q4_1", 40)), x, packed, np.array([4], np.int32))
     assert y.shape == (6, 40)
     np.testing.assert_allclose(y[:4], x[:4].astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(y[4:], 0.0)
