@@ -15,7 +15,7 @@ JOBS="${JOBS:-$(nproc)}"
 PIN="$(grep -oE 'llama-cpp-python==[0-9][0-9.]*' "$ROOT/requirements-bench.txt" | head -1)"
 [ -n "$PIN" ] || { echo "requirements-bench.txt names no llama-cpp-python==VERSION" >&2; exit 1; }
 DRIVERS=(llamacpp_batched_bench llamacpp_serve_batch)
-STAMP="$PIN $(cd "$ROOT/scripts" && cat "${DRIVERS[@]/%/.cpp}" | sha256sum | cut -c1-16)"
+STAMP="$PIN $(cd "$ROOT/scripts" && cat "${DRIVERS[@]/%/.cpp}" llamacpp_batch.h | sha256sum | cut -c1-16)"
 if [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$STAMP" ] && [ -x "$OUT/bin/${DRIVERS[0]}" ] \
    && [ -x "$OUT/bin/${DRIVERS[1]}" ]; then
   echo "$OUT/bin"; exit 0

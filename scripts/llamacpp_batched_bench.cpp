@@ -5,26 +5,13 @@
 // llama_batch (token generation). One JSON line per B on stdout.
 //   llamacpp_batched_bench MODEL.gguf THREADS PP TG B [B ...]
 // Built by scripts/build_llamacpp_bench.sh; run by scripts/bench_llamacpp_batched.py.
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "llama.h"
-
-static double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-static void add(llama_batch & batch, llama_token id, llama_pos pos, llama_seq_id seq, bool logits) {
-    const int i = batch.n_tokens++;
-    batch.token[i] = id;
-    batch.pos[i] = pos;
-    batch.n_seq_id[i] = 1;
-    batch.seq_id[i][0] = seq;
-    batch.logits[i] = logits;
-}
+#include "llamacpp_batch.h"
 
 // Decodes `all` in slices of at most n_batch tokens; false on a llama_decode error.
 static bool decode(llama_context * ctx, const llama_batch & all, int n_batch) {

@@ -14,7 +14,6 @@
 // every request's generated ids (to check that batching leaves each sequence's greedy output as it is alone).
 // Built by scripts/build_llamacpp_bench.sh; run by scripts/bench_throughput.py.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,19 +23,7 @@
 #include <vector>
 
 #include "llama.h"
-
-static double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-static void add(llama_batch & batch, llama_token id, llama_pos pos, llama_seq_id seq, bool logits) {
-    const int i = batch.n_tokens++;
-    batch.token[i] = id;
-    batch.pos[i] = pos;
-    batch.n_seq_id[i] = 1;
-    batch.seq_id[i][0] = seq;
-    batch.logits[i] = logits;
-}
+#include "llamacpp_batch.h"
 
 static double peak_rss_mib() {
     std::ifstream f("/proc/self/status");
