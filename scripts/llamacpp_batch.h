@@ -1,8 +1,9 @@
 // What the two llama.cpp benchmark drivers (llamacpp_batched_bench.cpp, llamacpp_serve_batch.cpp) share:
-// a monotonic clock and appending one token of one sequence to a llama_batch.
+// a monotonic clock, loading the model, and appending one token of one sequence to a llama_batch.
 #pragma once
 
 #include <chrono>
+#include <cstdio>
 
 #include "llama.h"
 
@@ -18,4 +19,13 @@ static void add(llama_batch & batch, llama_token id, llama_pos pos, llama_seq_id
     batch.n_seq_id[i] = 1;
     batch.seq_id[i][0] = seq;
     batch.logits[i] = logits;
+}
+
+// llama.cpp's backend started, its log silenced, the GGUF at `path` loaded; nullptr (said on stderr) if it cannot be.
+static llama_model * load_model(const char * path) {
+    llama_backend_init();
+    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+    llama_model * model = llama_model_load_from_file(path, llama_model_default_params());
+    if (model == nullptr) std::fprintf(stderr, "cannot load %s\n", path);
+    return model;
 }

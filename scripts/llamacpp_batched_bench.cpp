@@ -40,13 +40,8 @@ int main(int argc, char ** argv) {
     for (int b : parallel) {
         max_b = std::max(max_b, b);
     }
-    llama_backend_init();
-    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
-    llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
-    if (model == nullptr) {
-        std::fprintf(stderr, "cannot load %s\n", argv[1]);
-        return 1;
-    }
+    llama_model * model = load_model(argv[1]);
+    if (model == nullptr) return 1;
     const int n_batch = 512;
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = max_b * (pp + tg) + 16;

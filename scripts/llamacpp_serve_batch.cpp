@@ -99,13 +99,8 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "need THREADS >= 1, 1 <= PARALLEL <= N_BATCH, KV unified or split\n");
         return 2;
     }
-    llama_backend_init();
-    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
-    llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
-    if (model == nullptr) {
-        std::fprintf(stderr, "cannot load %s\n", argv[1]);
-        return 1;
-    }
+    llama_model * model = load_model(argv[1]);
+    if (model == nullptr) return 1;
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     std::vector<Request> reqs;
     if (!read_workload(argv[6], n_vocab, reqs)) {
