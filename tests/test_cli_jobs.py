@@ -124,10 +124,15 @@ def _cmd(inp, out):
             "--set", "max_num_batched_tokens=16", "--set", "max_model_len=128", "--set", "num_blocks=64"]
 
 
+PROMPTS = 2000
+
+
 def _signal_mid_run(tmp_path, signum, while_running=None):
-    """Starts a job over 40 prompts, sends it signum once a result is written; (exit status, lines, stderr)."""
+    """Starts a job over PROMPTS prompts, sends it signum once a result is written; (exit status, lines, stderr).
+    The job is long (minutes at two sequences a step) so that it is still running however fast the host is and
+    however long while_running takes."""
     inp = tmp_path / "prompts.txt"
-    inp.write_text("".join(f"prompt number {i}: tell me about item {i * 7}\n" for i in range(40)))
+    inp.write_text("".join(f"prompt number {i}: tell me about item {i * 7}\n" for i in range(PROMPTS)))
     out = tmp_path / "out.jsonl"
     env = dict(os.environ, MS_ATB_QUIET="1")
     proc = subprocess.Popen(_cmd(inp, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -146,7 +151,7 @@ def _signal_mid_run(tmp_path, signum, while_running=None):
 def _complete_results(text):
     assert text.endswith("\n")
     rows = [json.loads(line) for line in text.splitlines()]
-    assert 1 <= len(rows) < 40
+    assert 1 <= len(rows) < PROMPTS
     assert all(len(r["token_ids"]) == 24 and r["finish_reason"] == "length" for r in rows)
     return rows
 
