@@ -40,9 +40,12 @@ class RuleViolation : public std::runtime_error {
       : std::runtime_error("Ascend C rule \"" + rule + "\" broken: " + detail) {}
 };
 
-inline void Require(bool ok, const char *rule, const std::string &detail) {
-  if (!ok) throw RuleViolation(rule, detail);
-}
+// Checks a rule of the API; detail (an expression giving a std::string) is built only when the rule is broken,
+// since the checks run on every instruction of a kernel.
+#define SIM_REQUIRE(ok, rule, detail)                                     \
+  do {                                                                    \
+    if (__builtin_expect(!(ok), 0)) throw ::AscendC::RuleViolation(rule, detail); \
+  } while (0)
 
 constexpr uint32_t kBlockBytes = 32;  // one data block: the unit of copies and vector addresses
 
@@ -115,10 +118,10 @@ inline int64_t GetSubBlockNum() { return Sim().sub_block_num; }
 inline int64_t GetTaskRatio() { return Sim().sub_block_num; }
 
 // Stops the program unless it runs on core type `type`; `what` names the work.
-inline void RequireCore(CoreType type, const std::string &what) {
-  if (Sim().core_type != type)
-    throw RuleViolation("core type", what + " runs on the " + CoreTypeName(type) + ", called on an " +
-                                         CoreTypeName(Sim().core_type));
+inline void RequireCore(CoreType type, const char *what, const char *what_more = "") {
+  if (__builtin_expect(Sim().core_type != type, 0))
+    throw RuleViolation("core type", std::string(what) + what_more + " runs on the " + CoreTypeName(type) +
+                                         ", called on an " + CoreTypeName(Sim().core_type));
 }
 // The kernel's own part of the workspace argument (the runner passes only that part).
 inline uint8_t *GetUserWorkspace(uint8_t *workspace) { return workspace; }

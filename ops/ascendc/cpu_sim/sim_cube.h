@@ -102,10 +102,11 @@ struct InitConstValueParams {
       : repeatTimes(repeat), blockNum(blocks), dstGap(gap), initValue(value) {}
 };
 
+// The Cube instructions' operands sit where the hardware reads them; what (a std::string expression) names the
+// misplacement and is built only when it happens.
+#define SIM_CUBE_POSITION(ok, op, what) SIM_REQUIRE(ok, "cube operand position", std::string(op) + ": " + (what))
+
 namespace detail {
-inline void CubePosition(bool ok, const char *op, const std::string &what) {
-  Require(ok, "cube operand position", std::string(op) + ": " + what);
-}
 template <typename T>
 constexpr bool IsCube16() { return std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value; }
 }  // namespace detail
@@ -116,13 +117,13 @@ void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const Nd2Nz
   static_assert(detail::IsCube16<T>(), "the kernels feed the Cube 16-bit types");
   RequireCore(CoreType::kAic, "DataCopy with Nd2NzParams (global memory -> L1)");
   const std::string where = MemoryName(dst.GetPosition());
-  detail::CubePosition(where == "L1", "DataCopy with Nd2NzParams", "the destination is in " + where + ", not L1");
-  Require(p.ndNum > 0 && p.nValue > 0 && p.dValue > 0, "copy alignment", "Nd2NzParams with an empty matrix");
-  Require(p.dValue % kFractal == 0, "copy alignment",
+  SIM_CUBE_POSITION(where == "L1", "DataCopy with Nd2NzParams", "the destination is in " + where + ", not L1");
+  SIM_REQUIRE(p.ndNum > 0 && p.nValue > 0 && p.dValue > 0, "copy alignment", "Nd2NzParams with an empty matrix");
+  SIM_REQUIRE(p.dValue % kFractal == 0, "copy alignment",
           "Nd2NzParams dValue " + std::to_string(p.dValue) + ": not whole 32-byte column blocks");
-  Require(p.dstNzC0Stride >= p.nValue && p.dValue <= p.srcDValue, "copy alignment",
+  SIM_REQUIRE(p.dstNzC0Stride >= p.nValue && p.dValue <= p.srcDValue, "copy alignment",
           "Nd2NzParams strides shorter than the rows or columns they hold");
-  Require(dst.Address() % kBlockBytes == 0, "copy alignment", "Nd2Nz destination not 32-byte aligned");
+  SIM_REQUIRE(dst.Address() % kBlockBytes == 0, "copy alignment", "Nd2Nz destination not 32-byte aligned");
   const uint64_t last = uint64_t(p.ndNum - 1) * p.srcNdMatrixStride + uint64_t(p.nValue - 1) * p.srcDValue + p.dValue;
   uint64_t gm_offset;
   const T *from = src.Span(last, &gm_offset);
@@ -142,10 +143,10 @@ void LoadData(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LoadDa
   static_assert(detail::IsCube16<T>(), "the kernels feed the Cube 16-bit types");
   RequireCore(CoreType::kAic, "LoadData (L1 -> L0A / L0B)");
   const std::string from = MemoryName(src.GetPosition()), to = MemoryName(dst.GetPosition());
-  detail::CubePosition(from == "L1" && (to == "L0A" || to == "L0B"), "LoadData",
+  SIM_CUBE_POSITION(from == "L1" && (to == "L0A" || to == "L0B"), "LoadData",
                        "copies L1 -> L0A / L0B, not " + from + " -> " + to);
-  Require(p.repeatTimes > 0, "cube shape", "LoadData of no fractals");
-  Require(src.Address() % 512 == 0 && dst.Address() % 512 == 0, "cube shape",
+  SIM_REQUIRE(p.repeatTimes > 0, "cube shape", "LoadData of no fractals");
+  SIM_REQUIRE(src.Address() % 512 == 0 && dst.Address() % 512 == 0, "cube shape",
           "LoadData operands start on a whole fractal (512 bytes)");
   for (uint32_t i = 0; i < p.repeatTimes; ++i) {
     const T *s = src.Data((p.startIndex + i * p.srcStride) * kFractalElems, kFractalElems);
@@ -161,15 +162,15 @@ void Mmad(const LocalTensor<D> &dst, const LocalTensor<S> &fm, const LocalTensor
   static_assert(std::is_same<D, float>::value && detail::IsCube16<S>(),
                 "the kernels multiply 16-bit matrices into float32");
   RequireCore(CoreType::kAic, "Mmad (the Cube's matrix multiply)");
-  detail::CubePosition(std::string(MemoryName(fm.GetPosition())) == "L0A", "Mmad", "the left matrix is not in L0A");
-  detail::CubePosition(std::string(MemoryName(filter.GetPosition())) == "L0B", "Mmad", "the right matrix is not in L0B");
-  detail::CubePosition(std::string(MemoryName(dst.GetPosition())) == "L0C", "Mmad", "the result is not in L0C");
+  SIM_CUBE_POSITION(InMemory(fm.GetPosition(), "L0A"), "Mmad", "the left matrix is not in L0A");
+  SIM_CUBE_POSITION(InMemory(filter.GetPosition(), "L0B"), "Mmad", "the right matrix is not in L0B");
+  SIM_CUBE_POSITION(InMemory(dst.GetPosition(), "L0C"), "Mmad", "the result is not in L0C");
   for (const auto &dim : {std::make_pair("m", p.m), std::make_pair("n", p.n), std::make_pair("k", p.k)})
-    Require(dim.second >= kFractal && dim.second <= 4095 && dim.second % kFractal == 0, "cube shape",
+    SIM_REQUIRE(dim.second >= kFractal && dim.second <= 4095 && dim.second % kFractal == 0, "cube shape",
             std::string("Mmad ") + dim.first + " = " + std::to_string(dim.second) +
                 ": not a whole number of 16-element fractals in [16, 4095]");
   const uint32_t M = p.m, N = p.n, K = p.k, mb = M / kFractal, nb = N / kFractal, kb = K / kFractal;
-  Require(uint64_t{M} * K <= fm.GetSize() && uint64_t{K} * N <= filter.GetSize() && uint64_t{M} * N <= dst.GetSize(),
+  SIM_REQUIRE(uint64_t{M} * K <= fm.GetSize() && uint64_t{K} * N <= filter.GetSize() && uint64_t{M} * N <= dst.GetSize(),
           "cube shape", "Mmad m x k = " + std::to_string(M) + " x " + std::to_string(K) + ", k x n = " +
                             std::to_string(K) + " x " + std::to_string(N) + " past its L0 tensors (" +
                             std::to_string(fm.GetSize()) + ", " + std::to_string(filter.GetSize()) + ", " +
@@ -202,11 +203,11 @@ void Fixpipe(const GlobalTensor<D> &dst, const LocalTensor<S> &src, const Fixpip
   static_assert(std::is_same<D, float>::value && std::is_same<S, float>::value, "the kernels move float32 results");
   static_assert(config.format == CO2Layout::ROW_MAJOR, "the kernels write row-major results");
   RequireCore(CoreType::kAic, "Fixpipe (L0C -> global memory)");
-  detail::CubePosition(std::string(MemoryName(src.GetPosition())) == "L0C", "Fixpipe", "the source is not in L0C");
-  Require(p.mSize > 0 && p.nSize > 0 && p.nSize % kFractal == 0 && p.srcStride >= p.mSize && p.srcStride % kFractal == 0,
+  SIM_CUBE_POSITION(InMemory(src.GetPosition(), "L0C"), "Fixpipe", "the source is not in L0C");
+  SIM_REQUIRE(p.mSize > 0 && p.nSize > 0 && p.nSize % kFractal == 0 && p.srcStride >= p.mSize && p.srcStride % kFractal == 0,
           "cube shape", "Fixpipe of " + std::to_string(p.mSize) + " x " + std::to_string(p.nSize) + " from an L0C "
                         "matrix of " + std::to_string(p.srcStride) + " rows: not whole fractals");
-  Require(p.dstStride >= p.nSize && p.dstStride * sizeof(D) % kBlockBytes == 0, "copy alignment",
+  SIM_REQUIRE(p.dstStride >= p.nSize && p.dstStride * sizeof(D) % kBlockBytes == 0, "copy alignment",
           "Fixpipe rows not whole 32-byte blocks apart");
   uint64_t gm_offset;
   D *to = dst.Span(uint64_t(p.mSize - 1) * p.dstStride + p.nSize, &gm_offset);
@@ -224,7 +225,7 @@ template <typename T>
 void InitConstValue(const LocalTensor<T> &dst, const InitConstValueParams<T> &p) {
   RequireCore(CoreType::kAic, "InitConstValue (L1 / L0A / L0B)");
   const std::string where = MemoryName(dst.GetPosition());
-  detail::CubePosition(where == "L1" || where == "L0A" || where == "L0B", "InitConstValue",
+  SIM_CUBE_POSITION(where == "L1" || where == "L0A" || where == "L0B", "InitConstValue",
                        "fills L1 / L0A / L0B, not " + where);
   const uint32_t per_block = kBlockBytes / sizeof(T);
   for (uint32_t r = 0; r < p.repeatTimes; ++r) {

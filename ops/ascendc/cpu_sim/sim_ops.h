@@ -24,21 +24,21 @@ struct DataCopyParams {
 
 namespace detail {
 inline void CheckCopy(uint64_t bytes, uint64_t local_address, uint64_t gm_offset) {
-  Require(bytes % kBlockBytes == 0, "copy alignment",
+  SIM_REQUIRE(bytes % kBlockBytes == 0, "copy alignment",
           "DataCopy of " + std::to_string(bytes) + " bytes, not a whole number of 32-byte blocks");
-  Require(local_address % kBlockBytes == 0, "copy alignment",
+  SIM_REQUIRE(local_address % kBlockBytes == 0, "copy alignment",
           "DataCopy at local address " + std::to_string(local_address) + ", not 32-byte aligned");
-  Require(gm_offset % kBlockBytes == 0, "copy alignment",
+  SIM_REQUIRE(gm_offset % kBlockBytes == 0, "copy alignment",
           "DataCopy at global offset " + std::to_string(gm_offset) + " bytes, not 32-byte aligned");
 }
 template <typename T>
 T *Operand(const LocalTensor<T> &t, int32_t count, const char *op) {
-  Require(count >= 0, "local bounds", std::string(op) + " with a negative count");
-  RequireCore(CoreType::kAiv, std::string("the vector instruction ") + op);
-  Require(t.Slot() == nullptr || std::string(MemoryName(t.GetPosition())) == "unified buffer", "operand position",
+  SIM_REQUIRE(count >= 0, "local bounds", std::string(op) + " with a negative count");
+  RequireCore(CoreType::kAiv, "the vector instruction ", op);
+  SIM_REQUIRE(t.Slot() == nullptr || InMemory(t.GetPosition(), "unified buffer"), "operand position",
           std::string(op) + " operand in " + MemoryName(t.GetPosition()) + ": vector instructions take unified-buffer "
           "tensors");
-  Require(t.Address() % kBlockBytes == 0, "vector operand alignment",
+  SIM_REQUIRE(t.Address() % kBlockBytes == 0, "vector operand alignment",
           std::string(op) + " operand at local address " + std::to_string(t.Address()) + ", not 32-byte aligned");
   return t.Data(0, static_cast<uint32_t>(count));
 }
@@ -68,7 +68,7 @@ void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const DataC
   const uint64_t piece = p.blockLen * kBlockBytes / sizeof(T);
   const uint64_t src_step = piece + p.srcStride * kBlockBytes / sizeof(T);
   const uint64_t dst_step = piece + p.dstStride * kBlockBytes / sizeof(T);
-  Require(p.blockCount > 0 && p.blockLen > 0, "copy alignment", "DataCopyParams with an empty piece");
+  SIM_REQUIRE(p.blockCount > 0 && p.blockLen > 0, "copy alignment", "DataCopyParams with an empty piece");
   uint64_t gm_offset;
   const T *from = src.Span((p.blockCount - 1) * src_step + piece, &gm_offset);
   detail::CheckCopy(piece * sizeof(T), dst.Address(), gm_offset);
@@ -82,7 +82,7 @@ void DataCopy(const GlobalTensor<T> &dst, const LocalTensor<T> &src, const DataC
   const uint64_t piece = p.blockLen * kBlockBytes / sizeof(T);
   const uint64_t src_step = piece + p.srcStride * kBlockBytes / sizeof(T);
   const uint64_t dst_step = piece + p.dstStride * kBlockBytes / sizeof(T);
-  Require(p.blockCount > 0 && p.blockLen > 0, "copy alignment", "DataCopyParams with an empty piece");
+  SIM_REQUIRE(p.blockCount > 0 && p.blockLen > 0, "copy alignment", "DataCopyParams with an empty piece");
   uint64_t gm_offset;
   T *to = dst.Span((p.blockCount - 1) * dst_step + piece, &gm_offset);
   detail::CheckCopy(piece * sizeof(T), src.Address(), gm_offset);
@@ -143,7 +143,7 @@ void Duplicate(const LocalTensor<T> &dst, const T scalar, const int32_t count) {
 // dst[0] = max / sum of src[0:count]; work is the instruction's scratch (count elements at most).
 template <typename T>
 void ReduceMax(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LocalTensor<T> &work, const int32_t count) {
-  Require(count > 0, "local bounds", "ReduceMax of no elements");
+  SIM_REQUIRE(count > 0, "local bounds", "ReduceMax of no elements");
   const T *a = detail::Operand(src, count, "ReduceMax");
   detail::Operand(work, 1, "ReduceMax");
   T lanes[8];
@@ -158,7 +158,7 @@ void ReduceMax(const LocalTensor<T> &dst, const LocalTensor<T> &src, const Local
 }
 template <typename T>
 void ReduceSum(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LocalTensor<T> &work, const int32_t count) {
-  Require(count > 0, "local bounds", "ReduceSum of no elements");
+  SIM_REQUIRE(count > 0, "local bounds", "ReduceSum of no elements");
   const T *a = detail::Operand(src, count, "ReduceSum");
   detail::Operand(work, 1, "ReduceSum");
   T lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums, added pairwise at the end, as a tree reduction does
@@ -201,9 +201,9 @@ void Cast(const LocalTensor<D> &dst, const LocalTensor<S> &src, const RoundMode 
   static_assert(widening || to_int || (Is<S, float>() && to16), "a Cast the kernels do not use");
   const S *a = detail::Operand(src, static_cast<int32_t>(count), "Cast");
   D *d = detail::Operand(dst, static_cast<int32_t>(count), "Cast");
-  if (widening) Require(mode == RoundMode::CAST_NONE, "cast mode", "a widening Cast takes RoundMode::CAST_NONE");
-  else if (!to_int) Require(mode == RoundMode::CAST_RINT, "cast mode", "the kernels narrow with RoundMode::CAST_RINT");
-  else Require(mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_ODD, "cast mode",
+  if (widening) SIM_REQUIRE(mode == RoundMode::CAST_NONE, "cast mode", "a widening Cast takes RoundMode::CAST_NONE");
+  else if (!to_int) SIM_REQUIRE(mode == RoundMode::CAST_RINT, "cast mode", "the kernels narrow with RoundMode::CAST_RINT");
+  else SIM_REQUIRE(mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_ODD, "cast mode",
                "a Cast to an integer type names its rounding");
   for (uint32_t i = 0; i < count; ++i) d[i] = detail::FromFloat<D>(detail::ToFloat(a[i]), mode);
 }
@@ -237,9 +237,9 @@ struct DataCopyExtParams {
 // need not be 32-byte aligned; the local one must).
 template <typename T>
 void DataCopyPad(const GlobalTensor<T> &dst, const LocalTensor<T> &src, const DataCopyExtParams &p) {
-  Require(p.blockCount > 0 && p.blockLen > 0 && p.blockLen % sizeof(T) == 0, "copy alignment",
+  SIM_REQUIRE(p.blockCount > 0 && p.blockLen > 0 && p.blockLen % sizeof(T) == 0, "copy alignment",
           "DataCopyPad of an empty piece or of part of an element");
-  Require(src.Address() % kBlockBytes == 0, "copy alignment", "DataCopyPad from a local address not 32-byte aligned");
+  SIM_REQUIRE(src.Address() % kBlockBytes == 0, "copy alignment", "DataCopyPad from a local address not 32-byte aligned");
   const uint64_t piece = p.blockLen / sizeof(T), local_step = (p.blockLen + kBlockBytes - 1) / kBlockBytes * kBlockBytes /
                                                                   sizeof(T) + p.srcStride * kBlockBytes / sizeof(T);
   const uint64_t global_step = piece + p.dstStride / sizeof(T);

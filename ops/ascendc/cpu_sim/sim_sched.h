@@ -12,6 +12,7 @@
 
 #include <array>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -46,13 +47,14 @@ class CoreScheduler {
     waiting_flag_.assign(programs_.size(), -1);
     counter_.assign(programs_.size(), {});
     pending_.assign(programs_.size(), {});
+    turn_cv_.reset(new std::condition_variable[programs_.size()]);
   }
   const std::vector<Program> &Programs() const { return programs_; }
   bool Mixed() const { return form_ == LaunchForm::kMix12; }
 
   void WaitTurn(size_t p) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return abort_ || turn_ == p; });
+    turn_cv_[p].wait(lock, [&] { return abort_ || turn_ == p; });
     if (abort_) throw Aborted{};
   }
   // The program ends (done) or waits at a SyncAll.
@@ -68,7 +70,7 @@ class CoreScheduler {
   void SetFlag(size_t p, int mode, int flag) {
     std::lock_guard<std::mutex> lock(mu_);
     const Program &me = programs_[p];
-    Require(mode == 0 || Mixed(), "cross-core flag",
+    SIM_REQUIRE(mode == 0 || Mixed(), "cross-core flag",
             "CrossCoreSetFlag mode " + std::to_string(mode) + " pairs the cores of a group: the launch is not mixed "
             "(KERNEL_TYPE_MIX_AIC_1_2)");
     std::vector<size_t> setters, targets;
@@ -85,7 +87,7 @@ class CoreScheduler {
       if (pending_[q][mode * kCrossCoreFlags + flag] == 0) return;  // the others have not set it yet
     for (size_t q : setters) --pending_[q][mode * kCrossCoreFlags + flag];
     for (size_t q : targets) {
-      Require(++counter_[q][flag] <= kCrossCoreMaxPending, "cross-core flag",
+      SIM_REQUIRE(++counter_[q][flag] <= kCrossCoreMaxPending, "cross-core flag",
               "flag " + std::to_string(flag) + " set " + std::to_string(counter_[q][flag]) + " times for the " +
                   Name(q) + " without a wait: a counter holds at most 15");
     }
@@ -107,7 +109,7 @@ class CoreScheduler {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.empty()) error_ = message;
     abort_ = true;
-    cv_.notify_all();
+    NotifyAll();
   }
   // After every program ended: counters and half-done mode 1 / 2 sets left over break the rule.
   void CheckLeftovers() {
@@ -167,14 +169,18 @@ class CoreScheduler {
     for (size_t q = 0; q < n; ++q)
       if (state_[q] == kReady) return Give(q);
   }
+  // Wakes only the program whose turn it is (q == the program count: every program has ended).
   void Give(size_t q) {
     turn_ = q;
-    cv_.notify_all();
+    if (q < programs_.size()) turn_cv_[q].notify_one();
+  }
+  void NotifyAll() {
+    for (size_t q = 0; q < programs_.size(); ++q) turn_cv_[q].notify_all();
   }
   void Stop(const std::string &message) {
     if (error_.empty()) error_ = message;
     abort_ = true;
-    cv_.notify_all();
+    NotifyAll();
   }
 
   LaunchForm form_;
@@ -184,7 +190,7 @@ class CoreScheduler {
   std::vector<std::array<int, kCrossCoreFlags>> counter_;
   std::vector<std::array<int, 3 * kCrossCoreFlags>> pending_;  // sets of (mode, flag) not yet matched
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::unique_ptr<std::condition_variable[]> turn_cv_;  // one per program: a handover wakes one thread
   size_t turn_ = 0;
   bool abort_ = false, sync_aiv_only_ = true;
   std::string error_;

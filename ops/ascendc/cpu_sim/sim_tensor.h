@@ -6,6 +6,7 @@
 #define MS_ATB_ASCENDC_SIM_TENSOR_H_
 
 #include <deque>
+#include <cstring>
 #include <memory>
 
 #include "sim_core.h"
@@ -23,7 +24,7 @@ class GlobalTensor {
     size_ = bufferSize;
   }
   GlobalTensor operator[](uint64_t offset) const {
-    Require(offset <= size_, "global memory access",
+    SIM_REQUIRE(offset <= size_, "global memory access",
             "offset " + std::to_string(offset) + " past a global tensor of " + std::to_string(size_) + " elements");
     GlobalTensor t;
     t.base_ = base_ + offset;
@@ -35,8 +36,8 @@ class GlobalTensor {
   uint64_t GetSize() const { return size_; }
   // For DataCopy only: count elements from the start, checked against the tensor and the registry.
   T *Span(uint64_t count, uint64_t *region_offset) const {
-    Require(base_ != nullptr, "global memory access", "a GlobalTensor used before SetGlobalBuffer");
-    Require(count <= size_, "global memory access",
+    SIM_REQUIRE(base_ != nullptr, "global memory access", "a GlobalTensor used before SetGlobalBuffer");
+    SIM_REQUIRE(count <= size_, "global memory access",
             "a copy of " + std::to_string(count) + " elements from a global tensor of " + std::to_string(size_));
     GmRegion(base_, count * sizeof(T), region_offset);
     return base_;
@@ -87,7 +88,7 @@ class LocalTensor {
   template <typename U>
   LocalTensor<U> ReinterpretCast() const {
     Check(0, 0);
-    Require(offset_ * sizeof(T) % sizeof(U) == 0, "local bounds", "ReinterpretCast to a misaligned element");
+    SIM_REQUIRE(offset_ * sizeof(T) % sizeof(U) == 0, "local bounds", "ReinterpretCast to a misaligned element");
     return LocalTensor<U>(slot_, generation_, offset_ * sizeof(T) / sizeof(U), size_ * sizeof(T) / sizeof(U));
   }
   // count elements from element i, after the liveness and bounds checks.
@@ -105,10 +106,10 @@ class LocalTensor {
     if (slot_ != nullptr && slot_->generation == generation_ && slot_->state != BufferSlot::kFree &&
         slot_->state != BufferSlot::kQueued && static_cast<uint64_t>(i) + count <= size_)
       return;
-    Require(slot_ != nullptr, "use after FreeTensor", "a LocalTensor that was never allocated");
-    Require(slot_->generation == generation_ && slot_->state != BufferSlot::kFree, "use after FreeTensor",
+    SIM_REQUIRE(slot_ != nullptr, "use after FreeTensor", "a LocalTensor that was never allocated");
+    SIM_REQUIRE(slot_->generation == generation_ && slot_->state != BufferSlot::kFree, "use after FreeTensor",
             "a LocalTensor used after FreeTensor gave its buffer back");
-    Require(slot_->state != BufferSlot::kQueued, "queue discipline", "a LocalTensor used between EnQue and DeQue");
+    SIM_REQUIRE(slot_->state != BufferSlot::kQueued, "queue discipline", "a LocalTensor used between EnQue and DeQue");
     throw RuleViolation("local bounds", "elements [" + std::to_string(i) + ", " + std::to_string(i + count) +
                                             ") of a local tensor of " + std::to_string(size_));
   }
@@ -126,6 +127,7 @@ inline const char *MemoryName(TPosition pos) {
     default: return "unified buffer";
   }
 }
+inline bool InMemory(TPosition pos, const char *name) { return std::strcmp(MemoryName(pos), name) == 0; }
 
 class TQueBase {
  public:
@@ -152,14 +154,14 @@ class TQueBase {
   template <typename T>
   void EnQue(const LocalTensor<T> &t) {
     auto &s = Own(t, "EnQue");
-    Require(s->state == BufferSlot::kAllocated, "queue discipline", "EnQue of a tensor not freshly allocated");
-    Require(static_cast<int>(fifo_.size()) < depth_, "queue discipline", "EnQue beyond the queue's depth");
+    SIM_REQUIRE(s->state == BufferSlot::kAllocated, "queue discipline", "EnQue of a tensor not freshly allocated");
+    SIM_REQUIRE(static_cast<int>(fifo_.size()) < depth_, "queue discipline", "EnQue beyond the queue's depth");
     s->state = BufferSlot::kQueued;
     fifo_.push_back(s);
   }
   template <typename T>
   LocalTensor<T> DeQue() {
-    Require(!fifo_.empty(), "queue discipline", "DeQue of an empty queue (no EnQue before it)");
+    SIM_REQUIRE(!fifo_.empty(), "queue discipline", "DeQue of an empty queue (no EnQue before it)");
     auto s = fifo_.front();
     fifo_.pop_front();
     s->state = BufferSlot::kDequeued;
@@ -168,8 +170,8 @@ class TQueBase {
   template <typename T>
   void FreeTensor(const LocalTensor<T> &t) {
     auto &s = Own(t, "FreeTensor");
-    Require(s->state != BufferSlot::kQueued, "queue discipline", "FreeTensor of a tensor still in the queue");
-    Require(s->state != BufferSlot::kFree, "use after FreeTensor", "FreeTensor of a tensor already freed");
+    SIM_REQUIRE(s->state != BufferSlot::kQueued, "queue discipline", "FreeTensor of a tensor still in the queue");
+    SIM_REQUIRE(s->state != BufferSlot::kFree, "use after FreeTensor", "FreeTensor of a tensor already freed");
     s->state = BufferSlot::kFree;
     ++s->generation;
   }
@@ -181,7 +183,7 @@ class TQueBase {
   std::shared_ptr<BufferSlot> &Own(const LocalTensor<T> &t, const char *what) {
     for (auto &s : slots_)
       if (s.get() == t.Slot()) {
-        Require(s->generation == t.Generation(), "use after FreeTensor",
+        SIM_REQUIRE(s->generation == t.Generation(), "use after FreeTensor",
                 std::string(what) + " of a tensor whose buffer was freed");
         return s;
       }
@@ -213,7 +215,7 @@ class TBuf {
   LocalTensor<T> Get() const { return LocalTensor<T>(slot_.get(), slot_->generation, 0, slot_->bytes / sizeof(T)); }
   template <typename T>
   LocalTensor<T> Get(uint32_t count) const {
-    Require(count * sizeof(T) <= slot_->bytes, "local bounds", "TBuf::Get beyond the buffer");
+    SIM_REQUIRE(count * sizeof(T) <= slot_->bytes, "local bounds", "TBuf::Get beyond the buffer");
     return LocalTensor<T>(slot_.get(), slot_->generation, 0, count);
   }
   void SetSlot(std::shared_ptr<BufferSlot> s) { slot_ = std::move(s); }
@@ -246,12 +248,14 @@ class TPipe {
   std::shared_ptr<BufferSlot> NewSlot(TPosition pos, uint32_t len) {
     const char *memory = MemoryName(pos);
     const CoreCapacity &c = Sim().capacity;
-    uint64_t capacity = memory == std::string("L1") ? c.l1 : memory == std::string("L0A") ? c.l0a
-                      : memory == std::string("L0B") ? c.l0b : memory == std::string("L0C") ? c.l0c : c.ub;
-    Require(len > 0, "capacity", "InitBuffer of 0 bytes");
-    const bool cube = memory != std::string("unified buffer");
-    RequireCore(cube ? CoreType::kAic : CoreType::kAiv,
-                std::string("InitBuffer of ") + memory + (cube ? " (a Cube buffer)" : " (a vector core's buffer)"));
+    uint64_t capacity = InMemory(pos, "L1") ? c.l1 : InMemory(pos, "L0A") ? c.l0a
+                      : InMemory(pos, "L0B") ? c.l0b : InMemory(pos, "L0C") ? c.l0c : c.ub;
+    SIM_REQUIRE(len > 0, "capacity", "InitBuffer of 0 bytes");
+    const bool cube = !InMemory(pos, "unified buffer");
+    const CoreType need = cube ? CoreType::kAic : CoreType::kAiv;
+    if (Sim().core_type != need)
+      RequireCore(need, (std::string("InitBuffer of ") + memory + (cube ? " (a Cube buffer)" : " (a vector core's buffer)"))
+                            .c_str());
     uint64_t bytes = (len + kBlockBytes - 1) / kBlockBytes * kBlockBytes;
     uint64_t *used = nullptr;
     for (auto &u : used_) if (u.first == memory) used = &u.second;
@@ -259,7 +263,7 @@ class TPipe {
       used_.push_back({memory, 0});
       used = &used_.back().second;
     }
-    Require(*used + bytes <= capacity, "capacity",
+    SIM_REQUIRE(*used + bytes <= capacity, "capacity",
             std::string("InitBuffers of one core ask for ") + std::to_string(*used + bytes) + " bytes of " + memory +
                 ", which holds " + std::to_string(capacity));
     auto s = std::make_shared<BufferSlot>();
