@@ -4,9 +4,10 @@ The same measurement on both, on the embedded SmolLM2 GGUF: for each parallel co
 random prompt tokens are processed (prompt processing, PP tok/s = B * PP / time; ms_atb in steps of at most
 max_num_batched_tokens tokens, llama.cpp in llama_batch slices of 512), then TG steps each compute one new token
 of every sequence in one batch (token generation, TG tok/s = B * TG / time). Model steps only: no sampling and
-no scheduler on either side. ms_atb's activations are float32, its weights as `model.weight_dtype` says (`--set
-weight_dtype=...` passes a model setting through); llama.cpp runs the GGUF as stored (Q4_1). The engines
-alternate over repeats; the best repeat counts.
+no scheduler on either side. ms_atb's weights and linear inputs are as `model.weight_dtype` and
+`model.activation_dtype` say (`--set weight_dtype=auto --set activation_dtype=int8` passes model settings through;
+the defaults are the config's); llama.cpp runs the GGUF as stored (Q4_1, its activations quantized to 8 bits). The
+engines alternate over repeats; the best repeat counts.
     bash scripts/build_llamacpp_bench.sh        # once: builds the llama.cpp peer (requirements-bench.txt pin)
     .venv/bin/python scripts/bench_llamacpp_batched.py [--batches 1 8 32] [--pp 128] [--tg 32] [--repeats 2]
                                                        [--set KEY=VALUE ...] [--json FILE]
