@@ -10,9 +10,8 @@ the same shapes and weights, timed afterwards in the bench venv (scripts/bench_m
                                             [--rounds 3] [--no-warmup]
 With several --weight-dtype / --activation-dtype values, one runner each (every valid pair; a float32 weight
 runner takes float32 activations only) is built, and every figure is timed round by round, the runners
-alternating, so that all of them see the same load: each prints its range over the rounds. Runners sharing a
-process slow one another (SmolLM2, three runners: the int8-activation one's 32-sequence step 90-103 ms, against
-56-58 ms alone), so compare dtypes one process each, back to back, as BENCHMARKS.md does.
+alternating, so that all of them see the same load: each prints its range over the rounds (BENCHMARKS.md sets
+these figures beside those of one process per dtype).
 """
 import argparse
 import importlib.util
