@@ -88,13 +88,24 @@ def test_warmup_compiles_every_bucket_then_steps_match_numpy(runner, weights):
     rng = np.random.default_rng(0)
     a, b = list(rng.integers(0, 512, 18)), list(rng.integers(0, 512, 5))
     ta, tb = [11, 2], [6]
-    start = time.perf_counter()
-    logits = runner.execute(make_step([("a", ta, 18, a), ("b", tb, 5, b)]))  # T 23 -> bucket 32
+    compiled, compile_seconds, executing = set(runner.compiled), runner.compile_seconds, 0.0
+
+    def execute(step):
+        nonlocal executing
+        start = time.perf_counter()
+        out = runner.execute(step)
+        executing += time.perf_counter() - start
+        return out
+
+    logits = execute(make_step([("a", ta, 18, a), ("b", tb, 5, b)]))  # T 23 -> bucket 32
     for _ in range(3):
         assert logits.shape == (2, 512) and logits.dtype == np.float32
         for row, toks in zip(logits, (a, b)):
             assert np.abs(row - nl.forward(weights, runner.model_config, toks)[-1]).max() < 1e-4
         a.append(int(np.argmax(logits[0])))
         b.append(int(np.argmax(logits[1])))
-        logits = runner.execute(make_step([("a", ta, len(a), a[-1:]), ("b", tb, len(b), b[-1:])]))
-    assert time.perf_counter() - start < 2.0  # no compilation after warmup (one compile takes seconds)
+        logits = execute(make_step([("a", ta, len(a), a[-1:]), ("b", tb, len(b), b[-1:])]))
+    # No compilation after warmup: the four steps together take less than one graph's compile did (both timed
+    # in this run, so a loaded host slows both).
+    assert runner.compiled == compiled and runner.compile_seconds == compile_seconds
+    assert executing < stats["seconds"] / stats["graphs"], (executing, stats)
