@@ -198,7 +198,7 @@ def _complete_lines(path) -> list[dict]:
 def test_dp2_under_msrun_killed_replica_then_resume_equals_one_process(cli_on_tiny_engine, tmp_path, capsys):
     inp, ref, out = tmp_path / "in.jsonl", str(tmp_path / "ref.jsonl"), str(tmp_path / "out.jsonl")
     rng = random.Random(4)
-    ids = [f"p{i}" for i in range(16)]
+    ids = [f"p{i}" for i in range(40)]      # 20 a replica, 8 at a time: replica 1 still runs after its first line
     inp.write_text("".join(json.dumps({"id": rid, "prompt": [rng.randrange(500) for _ in range(rng.randrange(3, 40))]})
                            + "\n" for rid in ids))
     argv = ["--config", TINY_CONFIG, "--input", str(inp), "--max-tokens", "12", "--ignore-eos",
