@@ -105,7 +105,9 @@ def test_warmup_compiles_every_bucket_then_steps_match_numpy(runner, weights):
         a.append(int(np.argmax(logits[0])))
         b.append(int(np.argmax(logits[1])))
         logits = execute(make_step([("a", ta, len(a), a[-1:]), ("b", tb, len(b), b[-1:])]))
-    # No compilation after warmup: the four steps together take less than one graph's compile did (both timed
-    # in this run, so a loaded host slows both).
+    # No compilation after warmup: the four steps together take less than the quickest of this runner's graph
+    # compiles (whenever they ran: another test may have needed the buckets first; timed in this process, so a
+    # loaded host slows both sides).
     assert runner.compiled == compiled and runner.compile_seconds == compile_seconds
-    assert executing < stats["seconds"] / stats["graphs"], (executing, stats)
+    quickest = min(seconds for _, seconds in runner.graph_log)
+    assert executing < quickest, (executing, runner.graph_log)
