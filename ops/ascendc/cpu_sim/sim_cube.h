@@ -120,9 +120,9 @@ void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const Nd2Nz
   SIM_CUBE_POSITION(where == "L1", "DataCopy with Nd2NzParams", "the destination is in " + where + ", not L1");
   SIM_REQUIRE(p.ndNum > 0 && p.nValue > 0 && p.dValue > 0, "copy alignment", "Nd2NzParams with an empty matrix");
   SIM_REQUIRE(p.dValue % kFractal == 0, "copy alignment",
-          "Nd2NzParams dValue " + std::to_string(p.dValue) + ": not whole 32-byte column blocks");
+              "Nd2NzParams dValue " + std::to_string(p.dValue) + ": not whole 32-byte column blocks");
   SIM_REQUIRE(p.dstNzC0Stride >= p.nValue && p.dValue <= p.srcDValue, "copy alignment",
-          "Nd2NzParams strides shorter than the rows or columns they hold");
+              "Nd2NzParams strides shorter than the rows or columns they hold");
   SIM_REQUIRE(dst.Address() % kBlockBytes == 0, "copy alignment", "Nd2Nz destination not 32-byte aligned");
   const uint64_t last = uint64_t(p.ndNum - 1) * p.srcNdMatrixStride + uint64_t(p.nValue - 1) * p.srcDValue + p.dValue;
   uint64_t gm_offset;
@@ -144,10 +144,10 @@ void LoadData(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LoadDa
   RequireCore(CoreType::kAic, "LoadData (L1 -> L0A / L0B)");
   const std::string from = MemoryName(src.GetPosition()), to = MemoryName(dst.GetPosition());
   SIM_CUBE_POSITION(from == "L1" && (to == "L0A" || to == "L0B"), "LoadData",
-                       "copies L1 -> L0A / L0B, not " + from + " -> " + to);
+                    "copies L1 -> L0A / L0B, not " + from + " -> " + to);
   SIM_REQUIRE(p.repeatTimes > 0, "cube shape", "LoadData of no fractals");
   SIM_REQUIRE(src.Address() % 512 == 0 && dst.Address() % 512 == 0, "cube shape",
-          "LoadData operands start on a whole fractal (512 bytes)");
+              "LoadData operands start on a whole fractal (512 bytes)");
   for (uint32_t i = 0; i < p.repeatTimes; ++i) {
     const T *s = src.Data((p.startIndex + i * p.srcStride) * kFractalElems, kFractalElems);
     T *d = dst.Data(i * (1 + p.dstGap) * kFractalElems, kFractalElems);
@@ -167,14 +167,15 @@ void Mmad(const LocalTensor<D> &dst, const LocalTensor<S> &fm, const LocalTensor
   SIM_CUBE_POSITION(InMemory(dst.GetPosition(), "L0C"), "Mmad", "the result is not in L0C");
   for (const auto &dim : {std::make_pair("m", p.m), std::make_pair("n", p.n), std::make_pair("k", p.k)})
     SIM_REQUIRE(dim.second >= kFractal && dim.second <= 4095 && dim.second % kFractal == 0, "cube shape",
-            std::string("Mmad ") + dim.first + " = " + std::to_string(dim.second) +
-                ": not a whole number of 16-element fractals in [16, 4095]");
+                std::string("Mmad ") + dim.first + " = " + std::to_string(dim.second) +
+                    ": not a whole number of 16-element fractals in [16, 4095]");
   const uint32_t M = p.m, N = p.n, K = p.k, mb = M / kFractal, nb = N / kFractal, kb = K / kFractal;
-  SIM_REQUIRE(uint64_t{M} * K <= fm.GetSize() && uint64_t{K} * N <= filter.GetSize() && uint64_t{M} * N <= dst.GetSize(),
-          "cube shape", "Mmad m x k = " + std::to_string(M) + " x " + std::to_string(K) + ", k x n = " +
-                            std::to_string(K) + " x " + std::to_string(N) + " past its L0 tensors (" +
-                            std::to_string(fm.GetSize()) + ", " + std::to_string(filter.GetSize()) + ", " +
-                            std::to_string(dst.GetSize()) + " elements)");
+  SIM_REQUIRE(uint64_t{M} * K <= fm.GetSize() && uint64_t{K} * N <= filter.GetSize() &&
+                  uint64_t{M} * N <= dst.GetSize(),
+              "cube shape", "Mmad m x k = " + std::to_string(M) + " x " + std::to_string(K) + ", k x n = " +
+                                std::to_string(K) + " x " + std::to_string(N) + " past its L0 tensors (" +
+                                std::to_string(fm.GetSize()) + ", " + std::to_string(filter.GetSize()) + ", " +
+                                std::to_string(dst.GetSize()) + " elements)");
   const S *a = fm.Data(0, M * K), *b = filter.Data(0, K * N);
   D *c = dst.Data(0, M * N);
   // The operands unpacked from their fractals: A row-major [M, K], B column-major (B^T row-major [N, K]).
@@ -204,11 +205,12 @@ void Fixpipe(const GlobalTensor<D> &dst, const LocalTensor<S> &src, const Fixpip
   static_assert(config.format == CO2Layout::ROW_MAJOR, "the kernels write row-major results");
   RequireCore(CoreType::kAic, "Fixpipe (L0C -> global memory)");
   SIM_CUBE_POSITION(InMemory(src.GetPosition(), "L0C"), "Fixpipe", "the source is not in L0C");
-  SIM_REQUIRE(p.mSize > 0 && p.nSize > 0 && p.nSize % kFractal == 0 && p.srcStride >= p.mSize && p.srcStride % kFractal == 0,
-          "cube shape", "Fixpipe of " + std::to_string(p.mSize) + " x " + std::to_string(p.nSize) + " from an L0C "
-                        "matrix of " + std::to_string(p.srcStride) + " rows: not whole fractals");
+  SIM_REQUIRE(p.mSize > 0 && p.nSize > 0 && p.nSize % kFractal == 0 && p.srcStride >= p.mSize &&
+                  p.srcStride % kFractal == 0,
+              "cube shape", "Fixpipe of " + std::to_string(p.mSize) + " x " + std::to_string(p.nSize) + " from an L0C "
+                            "matrix of " + std::to_string(p.srcStride) + " rows: not whole fractals");
   SIM_REQUIRE(p.dstStride >= p.nSize && p.dstStride * sizeof(D) % kBlockBytes == 0, "copy alignment",
-          "Fixpipe rows not whole 32-byte blocks apart");
+              "Fixpipe rows not whole 32-byte blocks apart");
   uint64_t gm_offset;
   D *to = dst.Span(uint64_t(p.mSize - 1) * p.dstStride + p.nSize, &gm_offset);
   detail::CheckCopy(p.nSize * sizeof(D), 0, gm_offset);
@@ -226,7 +228,7 @@ void InitConstValue(const LocalTensor<T> &dst, const InitConstValueParams<T> &p)
   RequireCore(CoreType::kAic, "InitConstValue (L1 / L0A / L0B)");
   const std::string where = MemoryName(dst.GetPosition());
   SIM_CUBE_POSITION(where == "L1" || where == "L0A" || where == "L0B", "InitConstValue",
-                       "fills L1 / L0A / L0B, not " + where);
+                    "fills L1 / L0A / L0B, not " + where);
   const uint32_t per_block = kBlockBytes / sizeof(T);
   for (uint32_t r = 0; r < p.repeatTimes; ++r) {
     T *d = dst.Data(r * (p.blockNum + p.dstGap) * per_block, p.blockNum * per_block);

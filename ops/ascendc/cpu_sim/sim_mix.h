@@ -45,10 +45,11 @@ inline void DeclareKernelType(int64_t key, KernelMetaType type) {
 namespace detail {
 inline void CheckFlag(int mode, int flag, pipe_t pipe, bool set, const char *op) {
   SIM_REQUIRE(flag >= 0 && flag < kCrossCoreFlags, "cross-core flag",
-          std::string(op) + " flag id " + std::to_string(flag) + ": the Atlas A2 has ids 0..10");
-  SIM_REQUIRE(mode >= 0 && mode <= 2, "cross-core flag", std::string(op) + " mode " + std::to_string(mode) + ": modes are 0..2");
+              std::string(op) + " flag id " + std::to_string(flag) + ": the Atlas A2 has ids 0..10");
+  SIM_REQUIRE(mode >= 0 && mode <= 2, "cross-core flag",
+              std::string(op) + " mode " + std::to_string(mode) + ": modes are 0..2");
   SIM_REQUIRE(!set || (pipe != PIPE_S && pipe != PIPE_ALL), "cross-core flag",
-          std::string(op) + " on PIPE_S / PIPE_ALL: the flag is set from a data pipe (PIPE_MTE3, PIPE_FIX, ...)");
+              std::string(op) + " on PIPE_S / PIPE_ALL: the flag is set from a data pipe (PIPE_MTE3, PIPE_FIX, ...)");
 }
 }  // namespace detail
 
@@ -56,7 +57,7 @@ template <uint8_t modeId, pipe_t pipe>
 inline void CrossCoreSetFlag(uint16_t flagId) {
   detail::CheckFlag(modeId, flagId, pipe, true, "CrossCoreSetFlag");
   SIM_REQUIRE(modeId != 1 || Sim().core_type == CoreType::kAiv, "cross-core flag",
-          "CrossCoreSetFlag mode 1 synchronises the AIVs of a group; called on an AIC");
+              "CrossCoreSetFlag mode 1 synchronises the AIVs of a group; called on an AIC");
   RequireHardSync(Sim().declared_type, "CrossCoreSetFlag");
   SIM_REQUIRE(static_cast<bool>(Sim().set_flag), "cross-core flag", "CrossCoreSetFlag outside a launch");
   Sim().set_flag(modeId, flagId);

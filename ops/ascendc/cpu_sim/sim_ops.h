@@ -25,21 +25,21 @@ struct DataCopyParams {
 namespace detail {
 inline void CheckCopy(uint64_t bytes, uint64_t local_address, uint64_t gm_offset) {
   SIM_REQUIRE(bytes % kBlockBytes == 0, "copy alignment",
-          "DataCopy of " + std::to_string(bytes) + " bytes, not a whole number of 32-byte blocks");
+              "DataCopy of " + std::to_string(bytes) + " bytes, not a whole number of 32-byte blocks");
   SIM_REQUIRE(local_address % kBlockBytes == 0, "copy alignment",
-          "DataCopy at local address " + std::to_string(local_address) + ", not 32-byte aligned");
+              "DataCopy at local address " + std::to_string(local_address) + ", not 32-byte aligned");
   SIM_REQUIRE(gm_offset % kBlockBytes == 0, "copy alignment",
-          "DataCopy at global offset " + std::to_string(gm_offset) + " bytes, not 32-byte aligned");
+              "DataCopy at global offset " + std::to_string(gm_offset) + " bytes, not 32-byte aligned");
 }
 template <typename T>
 T *Operand(const LocalTensor<T> &t, int32_t count, const char *op) {
   SIM_REQUIRE(count >= 0, "local bounds", std::string(op) + " with a negative count");
   RequireCore(CoreType::kAiv, "the vector instruction ", op);
   SIM_REQUIRE(t.Slot() == nullptr || InMemory(t.GetPosition(), "unified buffer"), "operand position",
-          std::string(op) + " operand in " + MemoryName(t.GetPosition()) + ": vector instructions take unified-buffer "
-          "tensors");
+              std::string(op) + " operand in " + MemoryName(t.GetPosition()) +
+                  ": vector instructions take unified-buffer tensors");
   SIM_REQUIRE(t.Address() % kBlockBytes == 0, "vector operand alignment",
-          std::string(op) + " operand at local address " + std::to_string(t.Address()) + ", not 32-byte aligned");
+              std::string(op) + " operand at local address " + std::to_string(t.Address()) + ", not 32-byte aligned");
   return t.Data(0, static_cast<uint32_t>(count));
 }
 }  // namespace detail
@@ -202,9 +202,10 @@ void Cast(const LocalTensor<D> &dst, const LocalTensor<S> &src, const RoundMode 
   const S *a = detail::Operand(src, static_cast<int32_t>(count), "Cast");
   D *d = detail::Operand(dst, static_cast<int32_t>(count), "Cast");
   if (widening) SIM_REQUIRE(mode == RoundMode::CAST_NONE, "cast mode", "a widening Cast takes RoundMode::CAST_NONE");
-  else if (!to_int) SIM_REQUIRE(mode == RoundMode::CAST_RINT, "cast mode", "the kernels narrow with RoundMode::CAST_RINT");
+  else if (!to_int)
+    SIM_REQUIRE(mode == RoundMode::CAST_RINT, "cast mode", "the kernels narrow with RoundMode::CAST_RINT");
   else SIM_REQUIRE(mode != RoundMode::CAST_NONE && mode != RoundMode::CAST_ODD, "cast mode",
-               "a Cast to an integer type names its rounding");
+                   "a Cast to an integer type names its rounding");
   for (uint32_t i = 0; i < count; ++i) d[i] = detail::FromFloat<D>(detail::ToFloat(a[i]), mode);
 }
 
@@ -238,8 +239,9 @@ struct DataCopyExtParams {
 template <typename T>
 void DataCopyPad(const GlobalTensor<T> &dst, const LocalTensor<T> &src, const DataCopyExtParams &p) {
   SIM_REQUIRE(p.blockCount > 0 && p.blockLen > 0 && p.blockLen % sizeof(T) == 0, "copy alignment",
-          "DataCopyPad of an empty piece or of part of an element");
-  SIM_REQUIRE(src.Address() % kBlockBytes == 0, "copy alignment", "DataCopyPad from a local address not 32-byte aligned");
+              "DataCopyPad of an empty piece or of part of an element");
+  SIM_REQUIRE(src.Address() % kBlockBytes == 0, "copy alignment",
+              "DataCopyPad from a local address not 32-byte aligned");
   const uint64_t piece = p.blockLen / sizeof(T), local_step = (p.blockLen + kBlockBytes - 1) / kBlockBytes * kBlockBytes /
                                                                   sizeof(T) + p.srcStride * kBlockBytes / sizeof(T);
   const uint64_t global_step = piece + p.dstStride / sizeof(T);

@@ -29,10 +29,11 @@ inline void CheckKernelType(LaunchForm form) {
                                                  : (t == KERNEL_TYPE_AIV_ONLY || t == KERNEL_TYPE_MIX_AIV_1_0 ||
                                                     t == KERNEL_TYPE_UNDECLARED);
   SIM_REQUIRE(ok, "core type",
-          std::string("tiling key ") + std::to_string(Sim().tiling_key) +
-              (form == LaunchForm::kMix12 ? " launched as 1 AIC : 2 AIV groups, but the kernel does not declare "
-                                            "KERNEL_TYPE_MIX_AIC_1_2 for it"
-                                          : " launched on one core type, but the kernel declares a mixed type for it"));
+              std::string("tiling key ") + std::to_string(Sim().tiling_key) +
+                  (form == LaunchForm::kMix12
+                       ? " launched as 1 AIC : 2 AIV groups, but the kernel does not declare "
+                         "KERNEL_TYPE_MIX_AIC_1_2 for it"
+                       : " launched on one core type, but the kernel declares a mixed type for it"));
 }
 
 // launch() runs the kernel once for each program of the launch (Sim() says which). Returns 0, or 1 with

@@ -71,8 +71,8 @@ class CoreScheduler {
     std::lock_guard<std::mutex> lock(mu_);
     const Program &me = programs_[p];
     SIM_REQUIRE(mode == 0 || Mixed(), "cross-core flag",
-            "CrossCoreSetFlag mode " + std::to_string(mode) + " pairs the cores of a group: the launch is not mixed "
-            "(KERNEL_TYPE_MIX_AIC_1_2)");
+                "CrossCoreSetFlag mode " + std::to_string(mode) + " pairs the cores of a group: the launch is not mixed "
+                "(KERNEL_TYPE_MIX_AIC_1_2)");
     std::vector<size_t> setters, targets;
     for (size_t q = 0; q < programs_.size(); ++q) {
       const Program &o = programs_[q];
@@ -88,8 +88,8 @@ class CoreScheduler {
     for (size_t q : setters) --pending_[q][mode * kCrossCoreFlags + flag];
     for (size_t q : targets) {
       SIM_REQUIRE(++counter_[q][flag] <= kCrossCoreMaxPending, "cross-core flag",
-              "flag " + std::to_string(flag) + " set " + std::to_string(counter_[q][flag]) + " times for the " +
-                  Name(q) + " without a wait: a counter holds at most 15");
+                  "flag " + std::to_string(flag) + " set " + std::to_string(counter_[q][flag]) + " times for the " +
+                      Name(q) + " without a wait: a counter holds at most 15");
     }
   }
   void WaitFlag(size_t p, int flag) {

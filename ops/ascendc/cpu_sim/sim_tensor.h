@@ -25,7 +25,7 @@ class GlobalTensor {
   }
   GlobalTensor operator[](uint64_t offset) const {
     SIM_REQUIRE(offset <= size_, "global memory access",
-            "offset " + std::to_string(offset) + " past a global tensor of " + std::to_string(size_) + " elements");
+                "offset " + std::to_string(offset) + " past a global tensor of " + std::to_string(size_) + " elements");
     GlobalTensor t;
     t.base_ = base_ + offset;
     t.size_ = size_ - offset;
@@ -38,7 +38,7 @@ class GlobalTensor {
   T *Span(uint64_t count, uint64_t *region_offset) const {
     SIM_REQUIRE(base_ != nullptr, "global memory access", "a GlobalTensor used before SetGlobalBuffer");
     SIM_REQUIRE(count <= size_, "global memory access",
-            "a copy of " + std::to_string(count) + " elements from a global tensor of " + std::to_string(size_));
+                "a copy of " + std::to_string(count) + " elements from a global tensor of " + std::to_string(size_));
     GmRegion(base_, count * sizeof(T), region_offset);
     return base_;
   }
@@ -108,7 +108,7 @@ class LocalTensor {
       return;
     SIM_REQUIRE(slot_ != nullptr, "use after FreeTensor", "a LocalTensor that was never allocated");
     SIM_REQUIRE(slot_->generation == generation_ && slot_->state != BufferSlot::kFree, "use after FreeTensor",
-            "a LocalTensor used after FreeTensor gave its buffer back");
+                "a LocalTensor used after FreeTensor gave its buffer back");
     SIM_REQUIRE(slot_->state != BufferSlot::kQueued, "queue discipline", "a LocalTensor used between EnQue and DeQue");
     throw RuleViolation("local bounds", "elements [" + std::to_string(i) + ", " + std::to_string(i + count) +
                                             ") of a local tensor of " + std::to_string(size_));
@@ -184,7 +184,7 @@ class TQueBase {
     for (auto &s : slots_)
       if (s.get() == t.Slot()) {
         SIM_REQUIRE(s->generation == t.Generation(), "use after FreeTensor",
-                std::string(what) + " of a tensor whose buffer was freed");
+                    std::string(what) + " of a tensor whose buffer was freed");
         return s;
       }
     throw RuleViolation("queue discipline", std::string(what) + " of a tensor that belongs to another queue");
@@ -254,8 +254,8 @@ class TPipe {
     const bool cube = !InMemory(pos, "unified buffer");
     const CoreType need = cube ? CoreType::kAic : CoreType::kAiv;
     if (Sim().core_type != need)
-      RequireCore(need, (std::string("InitBuffer of ") + memory + (cube ? " (a Cube buffer)" : " (a vector core's buffer)"))
-                            .c_str());
+      RequireCore(need, (std::string("InitBuffer of ") + memory +
+                         (cube ? " (a Cube buffer)" : " (a vector core's buffer)")).c_str());
     uint64_t bytes = (len + kBlockBytes - 1) / kBlockBytes * kBlockBytes;
     uint64_t *used = nullptr;
     for (auto &u : used_) if (u.first == memory) used = &u.second;
@@ -264,8 +264,8 @@ class TPipe {
       used = &used_.back().second;
     }
     SIM_REQUIRE(*used + bytes <= capacity, "capacity",
-            std::string("InitBuffers of one core ask for ") + std::to_string(*used + bytes) + " bytes of " + memory +
-                ", which holds " + std::to_string(capacity));
+                std::string("InitBuffers of one core ask for ") + std::to_string(*used + bytes) + " bytes of " + memory +
+                    ", which holds " + std::to_string(capacity));
     auto s = std::make_shared<BufferSlot>();
     s->data.reset(new uint8_t[bytes]);
     std::memset(s->data.get(), 0xff, bytes);  // NaN in every float type: reading unwritten memory shows
