@@ -129,6 +129,7 @@ class LLM:
         if self.runner is not None:
             return
         from ms_atb.engine_loop import interrupts_raise
+        from ms_atb.worker.graph_cache import cache_root
         from ms_atb.worker.model_runner import ModelRunner
 
         cfg = self.config
@@ -136,7 +137,7 @@ class LLM:
         with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
             runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config)
             # Each bucket's graph is loaded or compiled when a step first needs it; precompile does all now.
-            status = runner.open_graph_cache(graph_cache_root(cfg.context.compile_cache))
+            status = runner.open_graph_cache(cache_root(cfg.context.compile_cache))
             if cfg.context.precompile:
                 runner.warmup()
         self.runner = runner
@@ -350,15 +351,6 @@ class LLM:
     def _log(self, message: str) -> None:
         if self.rank == 0 and os.environ.get("MS_ATB_QUIET") != "1":
             print(f"[ms_atb] {message}", flush=True)
-
-
-def graph_cache_root(setting: str | None) -> str | None:
-    """context.compile_cache as a directory: "auto" is the user's cache directory (graph_cache.default_root),
-    None is no cache."""
-    if setting == "auto":
-        from ms_atb.worker.graph_cache import default_root
-        return default_root()
-    return setting
 
 
 def _available_memory() -> int | None:

@@ -159,7 +159,7 @@ def test_a_cache_that_fails_to_load_is_removed_and_the_bucket_compiled_without_i
 
 def test_the_default_cache_lives_in_the_users_cache_directory(monkeypatch, tmp_path):
     from ms_atb.config import EngineConfig
-    from ms_atb.llm import graph_cache_root
+    from ms_atb.worker.graph_cache import cache_root as graph_cache_root
     assert EngineConfig.load(TINY).context.compile_cache == "auto"
     monkeypatch.delenv("MS_ATB_GRAPH_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

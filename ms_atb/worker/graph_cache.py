@@ -74,6 +74,12 @@ def cache_key(parts: dict) -> str:
     return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def cache_root(setting: str | None) -> str | None:
+    """context.compile_cache as a directory (graphs in it, weights in its `weights/` folder): "auto" is
+    default_root(), None (or "off" through $MS_ATB_GRAPH_CACHE) is no cache."""
+    return default_root() if setting == "auto" else setting
+
+
 def default_root() -> str | None:
     """Where context.compile_cache "auto" keeps graphs: $MS_ATB_GRAPH_CACHE ("off": nowhere), else
     $XDG_CACHE_HOME/ms_atb/graphs (~/.cache/ms_atb/graphs)."""

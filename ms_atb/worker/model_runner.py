@@ -140,12 +140,13 @@ class ModelRunner:
     def _load_weights(self, compile_cache: str | None):
         """Fills the model's weights from the weight cache (ms_atb/worker/weight_cache.py) beside the graphs,
         or from the model file, then saves them there. Returns the WeightCache."""
-        from ms_atb.worker.graph_cache import files_identity
-        from ms_atb.worker.weight_cache import WeightCache, cache_root
+        from ms_atb.worker.graph_cache import cache_root, files_identity
+        from ms_atb.worker.weight_cache import WeightCache
         read = loader.model_kind(self.model_path)[0] != "random"     # computed weights are not kept
         parts = {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
                  "dtype": str(self.dtype), "weight_formats": self.weight_formats,
-                 "activation_dtype": self.activation_dtype, "device": ms.get_context("device_target"), "tp": [self.tp_size, self.tp_rank]} if read else None
+                 "activation_dtype": self.activation_dtype, "device": ms.get_context("device_target"),
+                 "tp": [self.tp_size, self.tp_rank]} if read else None
         cache = WeightCache(cache_root(compile_cache), parts)
         weights = self.model.weight_parameters()
         if not cache.load(weights):

@@ -2,9 +2,9 @@
 between runs beside the compiled graphs (context.compile_cache, in its `weights/` folder), so a later run
 maps them instead of converting the model file again.
 
-- one entry per key, which hashes everything the held weights depend on: ms_atb's sources, MindSpore's
-  version, the model file(s) (path, size, mtime), the model's config, dtype, weight formats, device and
-  tensor-parallel rank. Weights computed rather than read (random:<preset> models) are not kept;
+- one entry per key, which hashes everything the held weights depend on (graph_cache.cache_key): ms_atb's
+  sources, MindSpore's and Python's versions, the model file(s) (path, size, mtime), the model's config, dtype,
+  weight formats, device and tensor-parallel rank. Weights computed rather than read (random:<preset> models) are not kept;
 - an entry is two files: `<key>.bin`, every weight's bytes back to back (each at a multiple of ALIGN bytes),
   and `<key>.json`, its index (the key, the data's size, and each weight's name, dtype, shape and offset).
   Each is written under a temporary name and renamed into place, the index last, so a reader never sees a
@@ -23,7 +23,6 @@ maps them instead of converting the model file again.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -35,15 +34,6 @@ FORMAT = 1                 # bump when the entry layout or the key changes
 MAX_ENTRIES = 8
 ALIGN = 64                 # each weight starts at a multiple of 64 bytes: aligned for every dtype and vector load
 _DTYPES = ("float32", "float16", "int8", "uint8", "int32")    # numpy dtypes an entry may hold
-
-
-def cache_root(setting: str | None) -> str | None:
-    """context.compile_cache as a directory: "auto" is the user's cache directory (graph_cache.default_root),
-    None (or "off" through $MS_ATB_GRAPH_CACHE) is no cache."""
-    if setting == "auto":
-        from ms_atb.worker.graph_cache import default_root
-        return default_root()
-    return setting
 
 
 class WeightCache:
@@ -167,10 +157,9 @@ class WeightCache:
 
 
 def cache_key(parts: dict) -> str:
-    import mindspore as ms
-    from ms_atb.worker.graph_cache import sources_digest
-    full = {"format": FORMAT, "mindspore": ms.__version__, "sources": sources_digest(), **parts}
-    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    """The graph cache's key (sources, MindSpore, Python) over parts and this entry layout's FORMAT."""
+    from ms_atb.worker import graph_cache
+    return graph_cache.cache_key({"weight_cache_format": FORMAT, **parts})
 
 
 def _dtype_name(param) -> str:
