@@ -8,13 +8,13 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from ms_atb.ops import build
+from ms_atb.ops.quant_matmul import check_activations
 
 # The linear kernels a layer can call, by kind (the int32 the op's plan holds; ops/decoder_layer.cc's order).
 LINEAR_KERNELS = ("PackedMatMulRows", "QuantMatMulQ8_0Rows", "QuantMatMulQ4_0Rows", "QuantMatMulQ4_1Rows",
                   "QuantMatMulInt8Rows", "QuantDotQ8_0Rows", "QuantDotQ4_0Rows", "QuantDotQ4_1Rows",
                   "QuantDotInt8Rows")
 WEIGHT_FORMATS = ("float32", "q8_0", "q4_0", "q4_1", "int8")
-ACTIVATIONS = ("float32", "int8")
 
 _INPUTS = ("input_norm", "post_norm", "eps", "w_qkv", "w_o", "w_gate_up", "w_down", "plan", "cos", "sin", "perm",
            "key_cache", "value_cache", "slot_mapping", "block_tables", "context_lens", "query_start_loc", "scale",
@@ -27,8 +27,7 @@ def linear_kind(fmt: str, activations: str) -> int:
     inputs are `activations`: a float weight keeps float32 activations (PackedMatMul)."""
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"weight format {fmt!r} has no DecoderLayer linear kernel; allowed: {WEIGHT_FORMATS}")
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations {activations!r} not supported; allowed: {ACTIVATIONS}")
+    check_activations(activations)
     if fmt == "float32":
         return 0
     return WEIGHT_FORMATS.index(fmt) + (4 if activations == "int8" else 0)

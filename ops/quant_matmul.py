@@ -26,7 +26,7 @@ ACTIVATIONS = ("float32", "int8")
 _QUANTS_AT = {"q8_0": 32, "q4_0": 32, "q4_1": 64, "int8": 0}   # offset of the quants in a panel block
 
 
-def _check_activations(activations: str) -> None:
+def check_activations(activations: str) -> None:
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r} not supported; allowed: {ACTIVATIONS}")
 
@@ -68,7 +68,7 @@ def pack_gguf(raw: np.ndarray, fmt: str, in_features: int, activations: str = "f
     int8, in the layout of `activations`' kernel. The values are the stored bits, re-ordered: nothing is
     re-quantized."""
     _check_format(fmt)
-    _check_activations(activations)
+    check_activations(activations)
     if fmt == "int8":
         raise ValueError("int8 weights are quantized from floats (quantize_int8), not read from GGUF")
     if in_features % BLOCK:
@@ -98,7 +98,7 @@ def pack_gguf(raw: np.ndarray, fmt: str, in_features: int, activations: str = "f
 def quantize_int8(w: np.ndarray, activations: str = "float32") -> np.ndarray:
     """[K, N] float -> [P, panel_bytes] int8: per output column, scale = max |w| / 127, q = round(w / scale);
     in the layout of `activations`' kernel."""
-    _check_activations(activations)
+    check_activations(activations)
     w = np.asarray(w, np.float32)
     k, n = w.shape
     p, nb = -(-n // PANEL), -(-k // BLOCK)
@@ -116,7 +116,7 @@ def dequantize(packed: np.ndarray, fmt: str, in_features: int, out_features: int
                activations: str = "float32") -> np.ndarray:
     """[P, panel_bytes] (in the layout of `activations`' kernel) -> [K, N] float32, the weight's values."""
     _check_format(fmt)
-    _check_activations(activations)
+    check_activations(activations)
     k, nb = in_features, -(-in_features // BLOCK)
     packed = np.asarray(packed)
     p = packed.shape[0]
@@ -151,6 +151,6 @@ class QuantMatMul(PanelMatMul):
 
     def __init__(self, fmt: str, out_features: int, activations: str = "float32"):
         _check_format(fmt)
-        _check_activations(activations)
+        check_activations(activations)
         super().__init__((_DOT_KERNELS if activations == "int8" else _KERNELS)[fmt], out_features)
         self.activations = activations
