@@ -140,14 +140,10 @@ class ModelRunner:
     def _load_weights(self, compile_cache: str | None):
         """Fills the model's weights from the weight cache (ms_atb/worker/weight_cache.py) beside the graphs,
         or from the model file, then saves them there. Returns the WeightCache."""
-        from ms_atb.worker.graph_cache import cache_root, files_identity
+        from ms_atb.worker.graph_cache import cache_root
         from ms_atb.worker.weight_cache import WeightCache
         read = loader.model_kind(self.model_path)[0] != "random"     # computed weights are not kept
-        parts = {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
-                 "dtype": str(self.dtype), "weight_formats": self.weight_formats,
-                 "activation_dtype": self.activation_dtype, "device": ms.get_context("device_target"),
-                 "tp": [self.tp_size, self.tp_rank]} if read else None
-        cache = WeightCache(cache_root(compile_cache), parts)
+        cache = WeightCache(cache_root(compile_cache), self._weight_key_parts() if read else None)
         weights = self.model.weight_parameters()
         if not cache.load(weights):
             self.model.load_weights(loader.iter_weights(self.model_path, self.model_config, self.tp_size,
@@ -247,17 +243,23 @@ class ModelRunner:
                 "graphs_loaded": cache.loaded if cache else 0, "graphs_saved": cache.saved if cache else 0,
                 "graph_cache": cache.status if cache else "off", "graph_cache_path": str(cache.path) if on else None}
 
-    def graph_key_parts(self) -> dict:
-        """Everything the compiled graphs depend on besides ms_atb's and MindSpore's code."""
+    def _weight_key_parts(self) -> dict:
+        """Everything the held weights depend on besides ms_atb's and MindSpore's code."""
         from ms_atb.worker.graph_cache import files_identity
-        from ms_atb.ops.build import kernel_library
         return {"model": files_identity(self.model_path), "config": dataclasses.asdict(self.model_config),
-                "dtype": str(self.dtype), "cache_dtype": str(self.cache_dtype), "device": ms.get_context("device_target"),
+                "dtype": str(self.dtype), "device": ms.get_context("device_target"),
                 "weight_formats": self.weight_formats, "activation_dtype": self.activation_dtype,
+                "tp": [self.tp_size, self.tp_rank]}
+
+    def graph_key_parts(self) -> dict:
+        """Everything the compiled graphs depend on besides ms_atb's and MindSpore's code: the weights' parts
+        and the shapes, kernels and attention backend."""
+        from ms_atb.ops.build import kernel_library
+        return {**self._weight_key_parts(), "cache_dtype": str(self.cache_dtype),
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
-                "tp": [self.tp_size, self.tp_rank], "kernels": kernel_library(),
-                "attention_backend": self.attention_backend, **self._attention_library()}
+                "kernels": kernel_library(), "attention_backend": self.attention_backend,
+                **self._attention_library()}
 
     def _attention_library(self) -> dict:
         if self.attention_backend != "ascendc":
