@@ -70,8 +70,7 @@ class WeightCache:
         try:
             entries = self._check(weights)
             data = np.memmap(self.data_path, np.uint8, "c")     # copy-on-write: the file is never written
-            for name, dtype, shape, offset in entries:
-                nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            for name, dtype, shape, offset, nbytes in entries:
                 weights[name].set_data(ms.from_numpy(data[offset:offset + nbytes].view(dtype).reshape(shape)))
             del data
             os.utime(self.index_path)                          # used last: kept by the eviction
@@ -82,8 +81,8 @@ class WeightCache:
         return True
 
     def _check(self, weights: dict) -> list:
-        """The index's (name, dtype, shape, offset) list; ValueError when it does not describe these weights
-        or the data file's size differs."""
+        """The index's (name, dtype, shape, offset, bytes) list; ValueError when it does not describe these
+        weights or the data file's size differs."""
         try:
             index = json.loads(self.index_path.read_text())
         except json.JSONDecodeError as e:
@@ -100,11 +99,13 @@ class WeightCache:
         size = os.path.getsize(self.data_path)
         if size != index.get("bytes"):
             raise ValueError(f"data file holds {size} bytes, the index records {index.get('bytes')}")
+        checked = []
         for name, dtype, shape, offset in entries:
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
             if type(offset) is not int or offset < 0 or offset % ALIGN or offset + nbytes > size:
                 raise ValueError(f"weight {name} at offset {offset!r} does not lie in the data file")
-        return entries
+            checked.append((name, dtype, shape, offset, nbytes))
+        return checked
 
     def save(self, weights: dict) -> None:
         """Publishes weights {name: Parameter} as this key's entry (data, then index: see the module docstring)."""
