@@ -62,21 +62,23 @@ struct Arg {
   const char *dtype;
 };
 
-int Run(KernelFn fn, std::initializer_list<Arg> args) {
-  void *params[16];
-  int ndims[16];
-  int64_t *shapes[16];
-  const char *dtypes[16];
-  int n = 0;
-  for (const Arg &a : args) {
-    params[n] = a.data;
-    ndims[n] = a.ndim;
-    shapes[n] = a.shape;
-    dtypes[n] = a.dtype;
-    ++n;
+constexpr int kMaxArgs = 16;
+
+// Calls kernel fn through the aot ABI on args[0, n) (n <= kMaxArgs).
+int Run(KernelFn fn, const Arg *args, int n) {
+  void *params[kMaxArgs];
+  int ndims[kMaxArgs];
+  int64_t *shapes[kMaxArgs];
+  const char *dtypes[kMaxArgs];
+  for (int i = 0; i < n; ++i) {
+    params[i] = args[i].data;
+    ndims[i] = args[i].ndim;
+    shapes[i] = args[i].shape;
+    dtypes[i] = args[i].dtype;
   }
   return fn(n, params, ndims, shapes, dtypes, nullptr, nullptr);
 }
+int Run(KernelFn fn, std::initializer_list<Arg> args) { return Run(fn, args.begin(), static_cast<int>(args.size())); }
 
 // Scratch of one thread, reused across calls (resized, never shrunk).
 struct Scratch {
@@ -157,18 +159,15 @@ int Layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **
   int64_t qkv_shape[2] = {T, width[0]}, q_shape[2] = {T, q_width};
   float *attn = buffer(s.attn, q_width);  // [T, H D]
   {
-    void *p[16];
-    int nd[16];
-    int64_t *sh[16];
-    const char *dt[16];
-    p[0] = qkv, nd[0] = 2, sh[0] = qkv_shape, dt[0] = f32;
+    Arg args[kMaxArgs];
+    args[0] = {qkv, 2, qkv_shape, f32};
     const int extra = 10 + (quant ? 2 : 0);  // cos .. scale, then the scale caches (rows skipped)
     for (int i = 1; i <= extra; ++i) {
       const int j = i <= 10 ? kCos + i - 1 : kScales + i - 11;
-      p[i] = params[j], nd[i] = ndims[j], sh[i] = shapes[j], dt[i] = dtypes[j];
+      args[i] = {params[j], ndims[j], shapes[j], dtypes[j]};
     }
-    p[extra + 1] = attn, nd[extra + 1] = 2, sh[extra + 1] = q_shape, dt[extra + 1] = f32;
-    status = (quant ? CachedAttentionQuant : CachedAttention)(extra + 2, p, nd, sh, dt, nullptr, nullptr);
+    args[extra + 1] = {attn, 2, q_shape, f32};
+    status = Run(quant ? CachedAttentionQuant : CachedAttention, args, extra + 2);
     if (status != 0) return status;
   }
   float *a = buffer(s.a, E);  // [T, E]: the attention block's output
