@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ms_atb.engine_loop import progress_bar
+from ms_atb.progress import progress_bar
 from ms_atb.sampling_params import MAX_LOGPROBS, SamplingParams, is_int, is_number
 
 

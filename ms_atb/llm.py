@@ -1,5 +1,6 @@
-"""LLM: the front door. Builds the engine and runs the schedule -> model -> sample -> update loop over
-requests that its RequestBuilder (ms_atb/request_builder.py) has checked."""
+"""LLM: the public face. It prepares the engine (config, tokenizer, KV pool size), builds its model, checks
+requests through its InputProcessor and runs them: Engine.step() turns requests into sampled tokens and the
+OutputProcessor turns those into RequestOutputs (ms_atb/engine, docs/design.md section 2)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,14 +10,18 @@ from typing import Iterator, Sequence as Seq, Union
 
 from ms_atb import memory_budget
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_device, parse_size
-from ms_atb.worker.distributed import init_distributed, replica_index, spmd_sampler
-from ms_atb.outputs import RequestOutput
-from ms_atb.worker.sampler import Sampler
-from ms_atb.sampling_params import SamplingParams
-from ms_atb.request import Request
-from ms_atb.request_builder import Prompt, RequestBuilder
 from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import Scheduler, SchedulerConfig
+from ms_atb.engine.engine import Engine
+from ms_atb.engine.input_processor import InputProcessor, Prompt
+from ms_atb.engine.output_processor import OutputProcessor
+from ms_atb.engine.request import Request
+from ms_atb.outputs import RequestOutput
+from ms_atb.progress import progress_bar
+from ms_atb.sampling_params import SamplingParams
+from ms_atb.signals import interrupts_raise
+from ms_atb.worker.distributed import init_distributed, replica_index, spmd_sampler
+from ms_atb.worker.sampler import Sampler
 
 
 class LLM:
@@ -42,14 +47,13 @@ class LLM:
         return llm
 
     def _prepare(self, model_or_config, device, keywords, default_policy: str = "fcfs") -> None:
-        """Everything but the model: config, tokenizer, KV pool size, scheduler."""
+        """Everything but the model: config, tokenizer, KV pool size, engine."""
         if default_policy not in POLICIES:
             raise ValueError(f"default_policy must be one of {list(POLICIES)}, got {default_policy!r}")
         self.default_policy = default_policy
         from ms_atb.models.loader import generation_eos_ids, load_config
         from ms_atb.models.weight_formats import weight_formats
         from ms_atb.models.parallel import validate_tp
-        from ms_atb.worker.model_runner import kv_cache_bytes_per_block
         from ms_atb.text.tokenizer import load_tokenizer
 
         if device is not None:                   # None: the config's context.device
@@ -60,34 +64,8 @@ class LLM:
         validate_tp(self.model_config, tp)
         self.rank = init_distributed(tp, cfg.parallel.data_parallel_size)      # within this replica
         self.replica = replica_index(tp, cfg.parallel.data_parallel_size)
-        max_pos = getattr(self.model_config, "max_position_embeddings", None)
-        self.max_model_len = cfg.model.max_model_len
-        window = getattr(self.model_config, "sliding_window", None)
-        if self.max_model_len is None:           # unset: the model's own limit, at most DEFAULT_MAX_MODEL_LEN
-            self.max_model_len = min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN,
-                                     window or DEFAULT_MAX_MODEL_LEN)
-        elif max_pos and self.max_model_len > max_pos:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
-                             f"max_position_embeddings {max_pos}")
-        elif window and self.max_model_len > window:
-            # Attention runs over the whole context: a request must never outgrow the window.
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's sliding_window "
-                             f"{window}; set max_model_len <= {window}")
-        kv = cfg.kv_cache
-        self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size,
-                                                           cfg.model.dtype, tp, kv.cache_dtype)
-        if kv.num_blocks == "auto":
-            budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
-            self.num_blocks = budget // self.kv_bytes_per_block
-            if self.num_blocks < 1:
-                raise ValueError(f"kv_cache.memory_budget {kv.memory_budget} holds no block of "
-                                 f"{self.kv_bytes_per_block} bytes")
-            dtype = self.cache_dtype
-            self._log(f"KV cache ({dtype}{' + float32 scales' if dtype == 'int8' else ''}): memory_budget "
-                      f"{budget} bytes / {self.kv_bytes_per_block} bytes per block of {kv.block_size} tokens = "
-                      f"{self.num_blocks} blocks ({self.num_blocks * kv.block_size} tokens)")
-        else:
-            self.num_blocks = kv.num_blocks
+        self.max_model_len = self._max_model_len()
+        self.num_blocks = self._size_kv_pool()
         self.weight_formats, notes = weight_formats(cfg.model.path, self.model_config, cfg.model.weight_dtype, tp,
                                                     parse_device(cfg.context.device)[0],
                                                     cfg.model.activation_dtype)
@@ -102,13 +80,62 @@ class LLM:
         sc = cfg.scheduler
         self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
                               "max_num_batched_tokens": sc.max_num_batched_tokens}
-        self.scheduler = self.new_scheduler()
-        self.sampler = spmd_sampler(Sampler(), tp)
-        self.requests = RequestBuilder(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
+        self.engine = Engine(self.new_scheduler, spmd_sampler(Sampler(), tp),
+                             self.tokenizer.token_bytes if self.tokenizer is not None else None)
+        self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len,
+                                              self.engine)
         self._run_stats: dict = {}
         self._iterating = False                  # a generate_iter() is open
-        self.runner = None                       # build()
         self.build_seconds = 0.0
+
+    def _max_model_len(self) -> int:
+        """model.max_model_len, or when unset the model's own limit, at most DEFAULT_MAX_MODEL_LEN; ValueError when
+        it exceeds the model's max_position_embeddings or sliding window."""
+        max_pos = getattr(self.model_config, "max_position_embeddings", None)
+        window = getattr(self.model_config, "sliding_window", None)
+        length = self.config.model.max_model_len
+        if length is None:
+            return min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN, window or DEFAULT_MAX_MODEL_LEN)
+        if max_pos and length > max_pos:
+            raise ValueError(f"max_model_len {length} exceeds the model's max_position_embeddings {max_pos}")
+        if window and length > window:
+            # Attention runs over the whole context: a request must never outgrow the window.
+            raise ValueError(f"max_model_len {length} exceeds the model's sliding_window {window}; set "
+                             f"max_model_len <= {window}")
+        return length
+
+    def _size_kv_pool(self) -> int:
+        """The pool's blocks: kv_cache.num_blocks, or memory_budget / bytes per block."""
+        from ms_atb.worker.model_runner import kv_cache_bytes_per_block
+        cfg, kv = self.config, self.config.kv_cache
+        self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size, cfg.model.dtype,
+                                                           cfg.parallel.tensor_parallel_size, kv.cache_dtype)
+        if kv.num_blocks != "auto":
+            return kv.num_blocks
+        budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
+        num_blocks = budget // self.kv_bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache.memory_budget {kv.memory_budget} holds no block of "
+                             f"{self.kv_bytes_per_block} bytes")
+        dtype = self.cache_dtype
+        self._log(f"KV cache ({dtype}{' + float32 scales' if dtype == 'int8' else ''}): memory_budget "
+                  f"{budget} bytes / {self.kv_bytes_per_block} bytes per block of {kv.block_size} tokens = "
+                  f"{num_blocks} blocks ({num_blocks * kv.block_size} tokens)")
+        return num_blocks
+
+    # ---- the engine's parts, for callers that inspect them ------------------------------------
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.engine.scheduler
+
+    @property
+    def runner(self):
+        """The ModelRunner, None before build()."""
+        return self.engine.runner
+
+    @property
+    def sampler(self):
+        return self.engine.sampler
 
     def _check_memory(self) -> None:
         """ValueError, before any weight is read, when the model's weights and KV cache cannot fit in the memory
@@ -128,7 +155,6 @@ class LLM:
         """Builds the model runner and compiles (or loads) its graphs; a second call does nothing."""
         if self.runner is not None:
             return
-        from ms_atb.engine_loop import interrupts_raise
         from ms_atb.worker.graph_cache import cache_root
         from ms_atb.worker.model_runner import ModelRunner
 
@@ -140,7 +166,7 @@ class LLM:
             status = runner.open_graph_cache(cache_root(cfg.context.compile_cache))
             if cfg.context.precompile:
                 runner.warmup()
-        self.runner = runner
+        self.engine.runner = runner
         if runner.weight_cache.status != "off":
             self._log(f"weight cache {runner.weight_cache.status} ({runner.weight_cache.index_path})")
         stats = runner.graph_stats()
@@ -166,13 +192,14 @@ class LLM:
 
     def make_requests(self, prompts, sampling_params=None, add_special_tokens: bool = True) -> list[Request]:
         """Validated Requests for generate_iter(); ValueError naming the first bad prompt's index."""
-        return self.requests.build_all(prompts, sampling_params, self.default_sampling_params(), self.scheduler,
-                                       add_special_tokens)
+        return self.input_processor.build_all(prompts, sampling_params, self.default_sampling_params(),
+                                              add_special_tokens)
 
     def make_request(self, prompt: Prompt, params: SamplingParams, index: int, request_id: str | None = None,
-                     add_special_tokens: bool = True) -> Request:
-        """One validated Request; ValueError naming its index."""
-        return self.requests.build(prompt, params, index, self.scheduler, request_id, add_special_tokens)
+                     add_special_tokens: bool = True, tag=None) -> Request:
+        """One validated Request; ValueError naming its index. tag: the caller's own data, handed back with the
+        request by stream()."""
+        return self.input_processor.build(prompt, params, index, request_id, add_special_tokens, tag)
 
     def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
         outputs: list[RequestOutput | None] = [None] * len(requests)
@@ -190,7 +217,11 @@ class LLM:
         """Runs validated requests; yields (index, output) as each finishes. If the run fails
         or the caller stops early, the unfinished requests are dropped and the engine stays
         usable. For prompts and SamplingParams, use generate()."""
-        from ms_atb.engine_loop import EngineLoop, interrupts_raise
+        for request, out in self.stream(requests, use_tqdm):
+            yield request.index, out
+
+    def stream(self, requests: list[Request], use_tqdm: bool = True) -> Iterator[tuple[Request, RequestOutput]]:
+        """generate_iter(), yielding each finished request itself (its tag included) with its output."""
         if not isinstance(requests, (list, tuple)):
             raise ValueError(f"generate_iter() takes a list of requests, got {type(requests).__name__}")
         bad = next((r for r in requests if not isinstance(r, Request)), None)
@@ -204,8 +235,7 @@ class LLM:
                              "calling generate(), chat(), beam_search() or generate_iter() again")
         self._iterating = True
         try:
-            loop = EngineLoop(self, requests)
-            steps = loop.run(use_tqdm=use_tqdm and self.rank == 0)
+            steps = self._steps(requests, use_tqdm and self.rank == 0)
             try:
                 while True:
                     with interrupts_raise():      # Ctrl-C in engine work: KeyboardInterrupt, not a killed process
@@ -215,10 +245,50 @@ class LLM:
                     yield item
             finally:
                 steps.close()
-                loop.abort_unfinished()
-                self._run_stats = loop.stats()
+                self.engine.abort_unfinished()
         finally:
             self._iterating = False
+
+    def _steps(self, requests: list[Request], progress: bool) -> Iterator[tuple[Request, RequestOutput]]:
+        """The run: requests admitted, then engine steps until every one is done; each output as it is made."""
+        engine, start = self.engine, time.perf_counter()
+        processor = OutputProcessor(self.tokenizer, deduplicate=engine.policy == "prefix")
+        engine.begin_run()
+        bar = None
+        try:
+            self._admit(requests, processor, start)
+            bar = progress_bar(len(requests), progress, "req", "generate")
+            while engine.has_unfinished():
+                out = engine.step()
+                finished = out.finished + engine.finish(processor.add_tokens(out.sampled), "stop", time.perf_counter())
+                engine.release(finished)
+                for request, output in processor.finish(finished):
+                    if bar is not None:
+                        tokens = engine.num_sampled_tokens + processor.num_copied_tokens
+                        bar.update(1)
+                        bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):.1f} tok/s", refresh=False)
+                    yield request, output
+        finally:
+            if bar is not None:
+                bar.close()
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            tokens = engine.num_sampled_tokens + processor.num_copied_tokens
+            usage = engine.usage
+            self._run_stats = {"tokens_per_s": tokens / elapsed, "num_output_tokens": tokens, "elapsed_s": elapsed,
+                               "num_deduplicated": processor.num_deduplicated,
+                               "kv_cache_usage_mean": sum(usage) / len(usage) if usage else 0.0,
+                               "kv_cache_usage_peak": max(usage) if usage else 0.0}
+
+    def _admit(self, requests: list[Request], processor: OutputProcessor, now: float) -> None:
+        """Every request to the output processor first (a reused id fails before anything is queued), then the
+        ones it does not copy to the engine."""
+        computed = [r for r in requests if processor.add(r)]
+        stops, seed = self.stop_token_ids, [self.config.context.seed, self.input_processor.num_built]
+        for r in computed:
+            try:
+                self.engine.add(r, stops, seed + [r.index], now)
+            except ValueError as e:      # the scheduler changed since the request was made
+                raise ValueError(f"request {r.index}: {e}") from None
 
     def beam_search(self, prompts, params, use_tqdm: bool = True):
         """Beam search (ms_atb.beam_search.BeamSearchParams); one BeamSearchOutput per prompt, in order."""
@@ -265,7 +335,7 @@ class LLM:
         peak, num_deduplicated) are the last run's; output tokens are those delivered, the copies a duplicate
         gets under the prefix policy included; the cache and scheduling counters add up since the KV cache was last
         emptied (build, reset_scheduler(), or a run that failed inside a step)."""
-        s = self.scheduler.stats()
+        s = self.engine.stats()
         queries = s.get("prefix_cache_queries", 0)
         out = {
             "kv_cache_usage": self._run_stats.get("kv_cache_usage_mean", s.get("usage", 0.0)),
@@ -291,7 +361,8 @@ class LLM:
     @property
     def policy(self) -> str:
         """The admission order of every run: scheduler.policy, with "auto" read as default_policy (prepare).
-        Under "prefix" a run also computes once the requests that are exact duplicates (engine_loop.py)."""
+        Under "prefix" a run also computes once the requests that are exact duplicates
+        (ms_atb/engine/output_processor.py)."""
         policy = self.config.scheduler.policy
         return self.default_policy if policy == "auto" else policy
 
@@ -343,7 +414,7 @@ class LLM:
         except ValueError:
             put(old)
             raise
-        self.scheduler = scheduler
+        self.engine.reset(scheduler)
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams(**dataclasses.asdict(self.config.sampling))

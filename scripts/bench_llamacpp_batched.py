@@ -105,7 +105,7 @@ def main():
         ap.error(f"{PEER} missing: run `bash scripts/build_llamacpp_bench.sh` (or pass --no-llama-cpp)")
 
     os.environ["MS_ATB_NUM_THREADS"] = str(args.threads)      # read when the kernel library loads
-    from ms_atb import quiet
+    from ms_atb.batch import quiet
     quiet.set_up()                                              # before MindSpore is imported
     import mindspore as ms
     from ms_atb.config import EngineConfig

@@ -23,7 +23,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-from ms_atb import quiet
+from ms_atb.batch import quiet
 
 quiet.set_up()                                   # before MindSpore is imported (MS_ATB_VERBOSE=1: all its logs)
 import mindspore as ms  # noqa: E402

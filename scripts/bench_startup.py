@@ -27,7 +27,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 def child(config: str, overrides: list[str]) -> None:
     """One run; prints `PHASES <json>` once the first token is out."""
-    from ms_atb import quiet
+    from ms_atb.batch import quiet
     quiet.set_up()
     phases, t, c = {}, time.perf_counter(), time.process_time()
 

@@ -213,7 +213,7 @@ class LlamaCppBatched:
 # ---- ms_atb (this process) --------------------------------------------------------------------
 class MsAtbEngine:
     def __init__(self, config: str, overrides: dict):
-        from ms_atb import quiet
+        from ms_atb.batch import quiet
         quiet.set_up()                           # before MindSpore is imported (MS_ATB_VERBOSE=1: all its logs)
         import mindspore
         from ms_atb import LLM, SamplingParams

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ms_atb.data_parallel import split
+from ms_atb.batch.replicas import split
 from ms_atb.sim.cost_model import ATLAS_800I_A2, LLAMA2_7B, CostModel
 from ms_atb.sim.simulator import Workload, output_len_for_static_utilisation, simulate
 from script_args import require_at_least

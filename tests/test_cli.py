@@ -8,7 +8,10 @@ import time
 
 import pytest
 
-from ms_atb.cli import done_ids, main, read_requests
+from ms_atb.batch.cli import main
+from ms_atb.batch.item import BatchItem
+from ms_atb.batch.output_file import done_ids
+from ms_atb.batch.prompt_file import read_requests
 from engine_helpers import TINY_CLI_SET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,14 +21,14 @@ TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 def test_read_requests_text_and_jsonl(tmp_path):
     txt = tmp_path / "p.txt"
     txt.write_text("hello\n\nworld\\nagain\n")
-    assert read_requests(str(txt)) == [{"id": "line-1", "prompt": "hello"},
-                                       {"id": "line-3", "prompt": "world\nagain"}]
+    assert read_requests(str(txt)) == [BatchItem("line-1", 1, prompt="hello"),
+                                       BatchItem("line-3", 3, prompt="world\nagain")]
     js = tmp_path / "p.jsonl"
     js.write_text('{"id": 7, "prompt": [1, 2], "max_tokens": 3}\n'
                   '{"messages": [{"role": "user", "content": "hi"}]}\n')
     items = read_requests(str(js))
-    assert items[0]["id"] == 7 and type(items[0]["id"]) is int and items[0]["max_tokens"] == 3
-    assert items[1]["id"] == "line-2" and "messages" in items[1]
+    assert items[0].id == 7 and type(items[0].id) is int and items[0].sampling["max_tokens"] == 3
+    assert items[1].id == "line-2" and items[1].messages is not None
 
 
 @pytest.mark.parametrize("content, match", [
@@ -45,7 +48,7 @@ def test_bad_input_files(tmp_path, content, match):
 def test_input_encoding_and_line_endings(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\r\n{"prompt": "b\xc3\xa9"}\r\n')     # a BOM, CRLF, UTF-8
-    assert [i["prompt"] for i in read_requests(str(path))] == ["a", "b\u00e9"]
+    assert [i.prompt for i in read_requests(str(path))] == ["a", "b\u00e9"]
     path.write_bytes(b'{"prompt": "a"}\n{"prompt": "\xff"}\n')
     with pytest.raises(ValueError, match=r"p\.jsonl:2: not valid UTF-8"):
         read_requests(str(path))
@@ -247,7 +250,7 @@ def test_skip_invalid_writes_error_lines_and_runs_the_rest(tmp_path, capsys, cli
 
 
 def _cmd(inp, out, *extra):
-    return [sys.executable, "-m", "ms_atb.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
+    return [sys.executable, "-m", "ms_atb.batch.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
             "--no-progress", "--max-tokens", "24", "--ignore-eos", "--set", "max_num_batched_tokens=16",
             "--set", "max_num_seqs=2", *extra]
 
@@ -279,23 +282,23 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
 
 
 def test_interrupt_and_write_failure_keep_what_was_written(tmp_path, capsys, monkeypatch, cli_on_tiny_engine):
-    import ms_atb.cli as cli
+    from ms_atb.batch.job import BatchJob
     inp = tmp_path / "p.jsonl"
     inp.write_text("".join(f'{{"id": "r{i}", "prompt": [{i + 1}, 2, 3]}}\n' for i in range(4)))
     out = tmp_path / "o.jsonl"
-    records = cli._sample_records
+    records = BatchJob._sample_lines
 
     def interrupted(*args):
         for n, record in enumerate(records(*args)):
             if n == 2:
                 raise KeyboardInterrupt     # Ctrl-C, as the engine raises it
             yield record
-    monkeypatch.setattr(cli, "_sample_records", interrupted)
+    monkeypatch.setattr(BatchJob, "_sample_lines", interrupted)
     args = ["--config", TINY, "--input", str(inp), "--no-progress", "--max-tokens", "3", *TINY_CLI_SET]
     assert main(args + ["--output", str(out)]) == 130
     assert "rerun with --resume" in capsys.readouterr().err
     assert len(done_ids(str(out))) == 2
-    monkeypatch.setattr(cli, "_sample_records", records)
+    monkeypatch.setattr(BatchJob, "_sample_lines", records)
     assert main(args + ["--output", str(out), "--resume"]) == 0
     assert done_ids(str(out)) == {"r0", "r1", "r2", "r3"}
     if os.path.exists("/dev/full"):                  # every write fails with ENOSPC

@@ -11,16 +11,17 @@ import time
 
 import pytest
 
-from ms_atb.cli import main
-from ms_atb.output_file import OutputLock, done_ids
-from ms_atb.prompt_file import read_requests
+from ms_atb.batch.cli import main
+from ms_atb.batch.output_file import OutputLock, done_ids
+from ms_atb.batch.item import BatchItem
+from ms_atb.batch.prompt_file import read_requests
 from engine_helpers import TINY_CLI_SET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 HOLD = textwrap.dedent("""
     import sys, time
-    from ms_atb.output_file import OutputLock
+    from ms_atb.batch.output_file import OutputLock
     lock = OutputLock(sys.argv[1])
     print("locked", flush=True)
     time.sleep(600)
@@ -76,7 +77,7 @@ def test_a_lock_left_by_a_killed_job_does_not_block(tmp_path, capsys):
 def test_ids_keep_their_json_type(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": 7, "prompt": "a"}\n{"id": "7", "prompt": "b"}\n{"prompt": "c"}\n')
-    assert [i["id"] for i in read_requests(str(path))] == [7, "7", "line-3"]
+    assert [i.id for i in read_requests(str(path))] == [7, "7", "line-3"]
     path.write_text('{"id": 7, "prompt": "a"}\n{"id": 7, "prompt": "b"}\n')
     with pytest.raises(ValueError, match="id 7 appears more than once"):
         read_requests(str(path))
@@ -91,9 +92,9 @@ def _stdin(monkeypatch, data: bytes):
 
 def test_stdin_text_or_jsonl_by_content(monkeypatch):
     _stdin(monkeypatch, b"\n  hello\nworld\\nagain\n")
-    assert read_requests("-") == [{"id": "line-2", "prompt": "  hello"}, {"id": "line-3", "prompt": "world\nagain"}]
+    assert read_requests("-") == [BatchItem("line-2", 2, prompt="  hello"), BatchItem("line-3", 3, prompt="world\nagain")]
     _stdin(monkeypatch, b'\xef\xbb\xbf\n{"id": 1, "prompt": [1, 2]}\n{"prompt": "x"}\n')
-    assert read_requests("-") == [{"id": 1, "prompt": [1, 2], "_line": 2}, {"id": "line-3", "prompt": "x", "_line": 3}]
+    assert read_requests("-") == [BatchItem(1, 2, prompt=[1, 2]), BatchItem("line-3", 3, prompt="x")]
     _stdin(monkeypatch, b'{"prompt": "a"}\nnot json\n')
     with pytest.raises(ValueError, match="<stdin>:2: not valid JSON"):
         read_requests("-")
@@ -119,7 +120,7 @@ def test_stdin_run_writes_ids_back_as_given_and_resume_tells_7_from_quoted_7(tmp
 
 
 def _cmd(inp, out):
-    return [sys.executable, "-m", "ms_atb.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
+    return [sys.executable, "-m", "ms_atb.batch.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
             "--no-progress", "--max-tokens", "24", "--ignore-eos", "--set", "max_num_seqs=2",
             "--set", "max_num_batched_tokens=16", "--set", "max_model_len=128", "--set", "num_blocks=64"]
 
@@ -181,6 +182,6 @@ def test_ctrl_c_exits_130_keeping_complete_lines(tmp_path):
 def test_the_command_starts_no_thread_before_it_watches_signals():
     """watch_signals blocks SIGTERM for the threads started after it; one started before would take a SIGTERM
     itself and Ctrl-C would exit 143 (numpy's BLAS pool starts threads when numpy is imported)."""
-    code = "import os, sys, ms_atb.cli; print(len(os.listdir('/proc/self/task')), 'numpy' in sys.modules)"
+    code = "import os, sys, ms_atb.batch.cli; print(len(os.listdir('/proc/self/task')), 'numpy' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.split() == ["1", "False"]

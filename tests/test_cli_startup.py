@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ms_atb import cli
+from ms_atb.batch import cli
 from engine_helpers import TINY_CLI_SET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from ms_atb import data_parallel
-from ms_atb.cli import main
+from ms_atb.batch import replicas
+from ms_atb.batch.cli import main
 from ms_atb.worker.distributed import init_distributed, replica_index
 from engine_helpers import TINY_CLI_SET, TINY_CONFIG
 
@@ -34,30 +34,30 @@ def test_split_is_deterministic_and_balanced_by_prompt_tokens():
     rng = random.Random(0)
     tokens = [rng.choice([4, 8, 300, 900]) for _ in range(101)]
     for n in (1, 2, 3, 8):
-        shares = data_parallel.split(tokens, n)
-        assert shares == data_parallel.split(list(tokens), n)               # a function of its input
+        shares = replicas.split(tokens, n)
+        assert shares == replicas.split(list(tokens), n)               # a function of its input
         assert sorted(i for s in shares for i in s) == list(range(len(tokens)))    # every request once
         assert all(s == sorted(s) for s in shares)                           # input order within a share
         loads = [sum(tokens[i] for i in s) for s in shares]
         assert max(loads) - min(loads) <= max(tokens)                        # balanced by tokens ...
     # ... not by line count: one long prompt weighs as much as many short ones.
-    shares = data_parallel.split([1000] + [10] * 100, 2)
+    shares = replicas.split([1000] + [10] * 100, 2)
     assert shares[0] == [0] and len(shares[1]) == 100
 
 
 def test_split_with_more_replicas_than_requests_and_bad_sizes():
-    assert data_parallel.split([5, 3], 4) == [[0], [1], [], []]
+    assert replicas.split([5, 3], 4) == [[0], [1], [], []]
     with pytest.raises(ValueError, match="data_parallel_size must be an int >= 1"):
-        data_parallel.split([1], 0)
+        replicas.split([1], 0)
 
 
 def test_part_paths_name_and_find_parts_of_any_layout(tmp_path):
     out = str(tmp_path / "o[1].jsonl")                 # glob characters in the name are literal
     for k, n in ((1, 2), (0, 2), (0, 3)):
-        write(data_parallel.part_path(out, k, n), result(k))
-    write(data_parallel.part_path(out, 0, 2) + ".lock", b"pid 1\n")
+        write(replicas.part_path(out, k, n), result(k))
+    write(replicas.part_path(out, 0, 2) + ".lock", b"pid 1\n")
     write(out + ".partial", b"")
-    assert data_parallel.part_paths(out) == [out + ".part0-of-2", out + ".part1-of-2", out + ".part0-of-3"]
+    assert replicas.part_paths(out) == [out + ".part0-of-2", out + ".part1-of-2", out + ".part0-of-3"]
 
 
 # ---------------------------------------------------------------- the merge
@@ -66,30 +66,30 @@ def test_merge_writes_input_order_every_id_once_and_removes_the_parts(tmp_path):
     out = str(tmp_path / "out.jsonl")
     ids = ["a", 7, "7", "b", "c"]
     write(out, result("c"))                                            # merged earlier
-    write(data_parallel.part_path(out, 0, 2), result("b"), result("a"))
-    write(data_parallel.part_path(out, 1, 2), result("7"), result(7), result("c", (9,)))
-    merged = data_parallel.merge(out, ids)
+    write(replicas.part_path(out, 0, 2), result("b"), result("a"))
+    write(replicas.part_path(out, 1, 2), result("7"), result(7), result("c", (9,)))
+    merged = replicas.merge(out, ids)
     assert merged.missing == [] and merged.num_written == 5
     lines = [json.loads(x) for x in open(out)]
     assert [x["id"] for x in lines] == ids                              # 7 and "7" are two ids
     assert lines[-1]["token_ids"] == [1, 2]                             # the output's line came first
-    assert data_parallel.part_paths(out) == [] and not os.path.exists(out + ".merging")
+    assert replicas.part_paths(out) == [] and not os.path.exists(out + ".merging")
 
 
 def test_merge_with_a_missing_or_torn_part_keeps_the_parts(tmp_path):
     out = str(tmp_path / "out.jsonl")
     ids = ["a", "b", "c", "d"]
     torn = result("a") + result("c")[:-9]                                        # torn by a kill
-    write(data_parallel.part_path(out, 0, 3), torn)
-    write(data_parallel.part_path(out, 2, 3), result("d"))                       # part 1 never started
-    merged = data_parallel.merge(out, ids)
+    write(replicas.part_path(out, 0, 3), torn)
+    write(replicas.part_path(out, 2, 3), result("d"))                       # part 1 never started
+    merged = replicas.merge(out, ids)
     assert merged.missing == ["b", "c"]
     assert [json.loads(x)["id"] for x in open(out)] == ["a", "d"]      # complete lines only
-    assert len(data_parallel.part_paths(out)) == 2                     # kept for --resume
-    assert open(data_parallel.part_path(out, 0, 3), "rb").read() == torn         # parts are not changed
-    write(data_parallel.part_path(out, 1, 3), b"not json\n")
+    assert len(replicas.part_paths(out)) == 2                     # kept for --resume
+    assert open(replicas.part_path(out, 0, 3), "rb").read() == torn         # parts are not changed
+    write(replicas.part_path(out, 1, 3), b"not json\n")
     with pytest.raises(ValueError, match=r"part1-of-3:1 is not a result line"):
-        data_parallel.merge(out, ids)
+        replicas.merge(out, ids)
 
 
 def test_merge_command(tmp_path, capsys):
@@ -99,12 +99,12 @@ def test_merge_command(tmp_path, capsys):
         main(["--input", str(inp), "--output", out])                    # --config is needed to generate
     assert main(["--merge", "--input", str(inp), "--output", out]) == 2
     assert "has no part files" in capsys.readouterr().err
-    write(data_parallel.part_path(out, 1, 2), result("y"))
+    write(replicas.part_path(out, 1, 2), result("y"))
     assert main(["--merge", "--input", str(inp), "--output", out]) == 1
     assert "1 input ids have no result (first 'x')" in capsys.readouterr().err
-    write(data_parallel.part_path(out, 0, 2), result("x"))
+    write(replicas.part_path(out, 0, 2), result("x"))
     assert main(["--merge", "--input", str(inp), "--output", out]) == 0
-    assert [json.loads(x)["id"] for x in open(out)] == ["x", "y"] and data_parallel.part_paths(out) == []
+    assert [json.loads(x)["id"] for x in open(out)] == ["x", "y"] and replicas.part_paths(out) == []
 
 
 # ---------------------------------------------------------------- resume and launch checks
@@ -115,8 +115,8 @@ def test_resume_skips_ids_done_in_parts_or_the_merged_output(cli_on_tiny_engine,
     inp, out = tmp_path / "in.jsonl", str(tmp_path / "out.jsonl")
     ids = [f"r{i}" for i in range(5)]
     inp.write_text("".join(json.dumps({"id": rid, "prompt": [3 + i, 5, 7]}) + "\n" for i, rid in enumerate(ids)))
-    write(data_parallel.part_path(out, 0, 2), result("r0", (42,)), result("r4")[:-5])     # r4 torn
-    write(data_parallel.part_path(out, 1, 2), result("r1", (42,)))
+    write(replicas.part_path(out, 0, 2), result("r0", (42,)), result("r4")[:-5])     # r4 torn
+    write(replicas.part_path(out, 1, 2), result("r1", (42,)))
     argv = ["--config", TINY_CONFIG, "--input", str(inp), "--output", out, "--max-tokens", "3",
             "--ignore-eos", "--no-progress"] + TINY_CLI_SET
     assert main(argv) == 2
@@ -128,7 +128,7 @@ def test_resume_skips_ids_done_in_parts_or_the_merged_output(cli_on_tiny_engine,
     assert [x["id"] for x in lines] == ids
     assert [x["id"] for x in lines if x["token_ids"] == [42]] == ["r0", "r1", "r3"]    # kept, not rerun
     assert all(len(x["token_ids"]) == 3 for x in lines if x["id"] in ("r2", "r4"))
-    assert data_parallel.part_paths(out) == []
+    assert replicas.part_paths(out) == []
 
 
 def test_launch_is_checked_against_dp_times_tp(monkeypatch):
@@ -209,7 +209,7 @@ def test_dp2_under_msrun_killed_replica_then_resume_equals_one_process(cli_on_ti
 
     # Replica 1 is killed once it has written a line: msrun ends replica 0, the job fails naming rank 1.
     job = _start_job(argv + ["--output", out], tmp_path / "log1")
-    part1 = data_parallel.part_path(out, 1, 2)
+    part1 = replicas.part_path(out, 1, 2)
     end = time.monotonic() + MSRUN_TIMEOUT
     while job.poll() is None and time.monotonic() < end and not (
             os.path.exists(part1) and len(_complete_lines(part1)) >= 1):
@@ -223,7 +223,7 @@ def test_dp2_under_msrun_killed_replica_then_resume_equals_one_process(cli_on_ti
     assert time.monotonic() - t_kill < 60                           # the survivor was stopped, not waited for
     kept = {}
     for k in (0, 1):
-        lines = _complete_lines(data_parallel.part_path(out, k, 2))    # every written line is a whole result
+        lines = _complete_lines(replicas.part_path(out, k, 2))    # every written line is a whole result
         assert all(x["token_ids"] == want[x["id"]] for x in lines)
         kept.update((x["id"], x) for x in lines)
     assert 1 <= len(kept) < len(ids) and not os.path.exists(out)      # part of the job, not merged
@@ -238,4 +238,4 @@ def test_dp2_under_msrun_killed_replica_then_resume_equals_one_process(cli_on_ti
     lines = _complete_lines(out)
     assert [x["id"] for x in lines] == ids
     assert {x["id"]: x["token_ids"] for x in lines} == want
-    assert data_parallel.part_paths(out) == []
+    assert replicas.part_paths(out) == []

@@ -72,7 +72,8 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_layout_is_found():
     for name in ("ms_atb.core.block_manager", "ms_atb.core.scheduler", "ms_atb.worker.model_runner",
-                 "ms_atb.text.tokenizer", "ms_atb.sim.simulator", "ms_atb.llm", "ms_atb.models.llama",
+                 "ms_atb.text.tokenizer", "ms_atb.sim.simulator", "ms_atb.llm", "ms_atb.engine.engine",
+                 "ms_atb.batch.job", "ms_atb.models.llama",
                  "ms_atb.ops.paged_attention"):
         assert name in MODULES, name
 
@@ -127,7 +128,7 @@ def test_no_module_imports_another_modules_private_names():
 @pytest.mark.parametrize("prefix, forbidden", [
     ("ms_atb.core", ("mindspore", "ms_atb.worker", "ms_atb.models", "ms_atb.ops", "ms_atb.llm")),
     ("ms_atb.models", ("ms_atb.core", "ms_atb.worker", "ms_atb.text", "ms_atb.sim", "ms_atb.llm",
-                       "ms_atb.engine_loop", "ms_atb.config", "ms_atb.request")),
+                       "ms_atb.engine", "ms_atb.batch", "ms_atb.config")),
     ("ms_atb.ops", ("ms_atb.models", "ms_atb.core", "ms_atb.worker", "ms_atb.llm")),
 ])
 def test_who_may_import_whom(prefix, forbidden):
@@ -170,3 +171,10 @@ def test_core_runs_with_mindspore_unimportable():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and "core ok" in out.stdout, out.stderr
+
+
+def test_the_engine_never_imports_the_batch_tool():
+    """ms_atb/batch is a client of LLM: nothing outside it imports it (docs/design.md, section 1)."""
+    bad = [(m, t, line) for m, p in MODULES.items() if not m.startswith("ms_atb.batch")
+           for t, _, line in _imports(m, p) if t == "ms_atb.batch" or t.startswith("ms_atb.batch.")]
+    assert not bad, bad

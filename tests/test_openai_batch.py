@@ -11,10 +11,11 @@ import time
 import pytest
 
 from ms_atb import SamplingParams
-from ms_atb.cli import main
-from ms_atb.openai_batch import CHAT_URL, COMPLETIONS_URL, parse_line
-from ms_atb.output_file import done_ids
-from ms_atb.prompt_file import read_input
+from ms_atb.batch.cli import main
+from ms_atb.batch.item import BatchItem, OpenAIEndpoint
+from ms_atb.batch.openai_batch import CHAT_URL, COMPLETIONS_URL, parse_line
+from ms_atb.batch.output_file import done_ids
+from ms_atb.batch.prompt_file import read_input
 from engine_helpers import TINY_CLI_SET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,14 +31,14 @@ def test_a_line_maps_onto_a_request_item():
     item = parse_line(batch_line("c", model="any-name", messages=[{"role": "user", "content": parts}],
                                  max_completion_tokens=5, temperature=0.5, stop=["x"], seed=3, n=2, logprobs=True,
                                  top_logprobs=4, top_k=7, stream=False, user="u", presence_penalty=None), 1, "p")
-    assert item == {"id": "c", "_line": 1, "messages": [{"role": "user", "content": "ab"}], "max_tokens": 5,
-                    "temperature": 0.5, "stop": ["x"], "seed": 3, "n": 2, "logprobs": 4, "top_k": 7,
-                    "_openai": {"url": CHAT_URL, "model": "any-name", "top_logprobs": 4}}
-    fields = {k: v for k, v in item.items() if k not in ("id", "messages", "_line", "_openai")}
-    assert SamplingParams.from_dict(fields).logprobs == 4
+    assert item == BatchItem("c", 1, messages=[{"role": "user", "content": "ab"}],
+                             sampling={"max_tokens": 5, "temperature": 0.5, "stop": ["x"], "seed": 3, "n": 2,
+                                       "logprobs": 4, "top_k": 7},
+                             openai=OpenAIEndpoint(CHAT_URL, "any-name", 4))
+    assert SamplingParams.from_dict(item.sampling).logprobs == 4
     item = parse_line(batch_line("t", COMPLETIONS_URL, prompt=[[1, 2, 3]], logprobs=2, echo=False), 9, "p")
-    assert item == {"id": "t", "_line": 9, "prompt": [1, 2, 3], "logprobs": 2,
-                    "_openai": {"url": COMPLETIONS_URL, "model": None, "top_logprobs": None}}
+    assert item == BatchItem("t", 9, prompt=[1, 2, 3], sampling={"logprobs": 2},
+                             openai=OpenAIEndpoint(COMPLETIONS_URL, None, None))
 
 
 @pytest.mark.parametrize("line, code, words", [
@@ -74,8 +75,8 @@ def test_a_line_maps_onto_a_request_item():
 ])
 def test_a_bad_line_is_an_error_item_naming_what_is_wrong(line, code, words):
     item = parse_line(line, 1, "p")
-    assert item["_code"] == code and words in item["_error"], item
-    assert item["id"] == ("a" if '"custom_id": "a"' in line else ("line", 1))
+    assert item.error_code == code and words in item.error, item
+    assert item.id == ("a" if '"custom_id": "a"' in line else ("line", 1))
 
 
 def test_the_format_is_found_and_duplicate_custom_ids_stop_the_reading(tmp_path, monkeypatch):
@@ -83,12 +84,12 @@ def test_the_format_is_found_and_duplicate_custom_ids_stop_the_reading(tmp_path,
     ok = batch_line("a", messages=[{"role": "user", "content": "x"}])
     path.write_text("{broken\n" + ok + "\n")
     fmt, items = read_input(str(path))
-    assert fmt == "openai" and items[0]["id"] == ("line", 1) and items[1]["id"] == "a"
+    assert fmt == "openai" and items[0].id == ("line", 1) and items[1].id == "a"
     path.write_text('{"id": "a", "prompt": "x"}\n')
-    assert read_input(str(path)) == ("ms_atb", [{"id": "a", "prompt": "x", "_line": 1}])
+    assert read_input(str(path)) == ("ms_atb", [BatchItem("a", 1, prompt="x")])
     txt = tmp_path / "p.txt"
     txt.write_text(ok + "\n")
-    assert read_input(str(txt))[0] == "ms_atb" and read_input(str(txt), "openai")[1][0]["id"] == "a"
+    assert read_input(str(txt))[0] == "ms_atb" and read_input(str(txt), "openai")[1][0].id == "a"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n" + ok.encode() + b"\n")))
     assert read_input("-")[0] == "openai"
     bad_url = batch_line("a", "/v1/embeddings")             # an error line's custom_id counts too
@@ -244,7 +245,7 @@ def test_sigterm_then_resume_finishes_every_custom_id_once(tmp_path):
     inp.write_text("".join(batch_line(f"r{i}", COMPLETIONS_URL, prompt=f"prompt number {i}: item {i * 7}",
                                       max_tokens=24, ignore_eos=True) + "\n" for i in range(30)))
     out = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "ms_atb.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
+    cmd = [sys.executable, "-m", "ms_atb.batch.cli", "--config", TINY, "--input", str(inp), "--output", str(out),
            "--no-progress", "--set", "max_num_batched_tokens=16", "--set", "max_num_seqs=2"]
     env = dict(os.environ, MS_ATB_QUIET="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from ms_atb import SamplingParams
-from ms_atb.cli import main as cli_main
-from ms_atb.engine_summary import summarize
+from ms_atb.batch.cli import main as cli_main
+from ms_atb.batch.summary import summarize
 from engine_helpers import TINY_CLI_SET, TINY_CONFIG, scheduler_settings
 
 PROMPT = list(range(3, 43))          # 40 tokens: 2 whole blocks of 16 and 8 more

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ms_atb import SamplingParams
-from ms_atb.cli import main as cli_main
+from ms_atb.batch.cli import main as cli_main
 from engine_helpers import TINY_CLI_SET, TINY_CONFIG, scheduler_settings, tiny_logits
 
 PREFIX = [7 * i % 500 + 1 for i in range(37)]            # 2 whole blocks of 16 and 5 more

@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 _LOGS = """
 import warnings
-from ms_atb import quiet
+from ms_atb.batch import quiet
 quiet.set_up()
 from mindspore import log
 log.warning("a mindspore warning")
@@ -46,7 +46,7 @@ def test_a_glog_level_the_user_set_is_kept():
 def test_the_command_shows_no_mindspore_warning_by_default_and_all_with_verbose(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("Hello\n")
-    cmd = [sys.executable, "-m", "ms_atb.cli", "--config", TINY, "--input", str(prompts), "--output",
+    cmd = [sys.executable, "-m", "ms_atb.batch.cli", "--config", TINY, "--input", str(prompts), "--output",
            str(tmp_path / "o.jsonl"), "--overwrite", "--max-tokens", "2", "--no-progress",
            "--set", f"compile_cache={tmp_path / 'graphs'}"]
     # a compile cache makes MindSpore warn: a cold one of its dependency hash, a warm one of its risks

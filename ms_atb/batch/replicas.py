@@ -1,4 +1,4 @@
-"""Data parallelism in ms-atb-generate: which requests each replica runs, its part file, and the merge.
+"""Data-parallel replicas of ms-atb-generate: which requests each replica runs, its part file, and the merge.
 
 Rules:
   1. The split is a function of the input and data_parallel_size only: every replica computes it alone and
@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ms_atb.output_file import OutputLock, result_id
+from ms_atb.batch.output_file import OutputLock, result_id
 
 _PART_RE = re.compile(r"\.part(\d+)-of-(\d+)$")
 
@@ -132,18 +132,3 @@ def merge_if_done(output: str, input_ids: list, output_locked: bool = False) -> 
             return None             # merged by another replica meanwhile
         result = merge(output, input_ids)
     return f"merged {result.num_written} results from {len(result.parts)} part files into {output}"
-
-
-def prompt_tokens(llm, item: dict, chat: bool) -> int:
-    """The split's weight of an input item: its prompt's tokens, 0 when it cannot run (the run reports why)."""
-    prompt, special = item.get("prompt"), True
-    try:
-        if "messages" in item:
-            prompt, special = llm.apply_chat_template(item["messages"]), False
-        elif chat and isinstance(prompt, str):
-            prompt, special = llm.apply_chat_template([{"role": "user", "content": prompt}]), False
-        if isinstance(prompt, str):
-            return len(llm.tokenizer.encode(prompt, add_special_tokens=special))
-    except (ValueError, TypeError, AttributeError):
-        return 0
-    return len(prompt) if isinstance(prompt, list) else 0

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.sampling_params import SamplingParams
+from ms_atb.text.guided_choice import ChoiceGuide
 
 
 @dataclass
@@ -16,3 +17,10 @@ class Request:
     params: SamplingParams
     guide: ChoiceGuide | None = None     # params.guided_choice over the tokenizer's vocabulary
     bad_words_ids: list[tuple[int, ...]] = field(default_factory=list)   # token sequences never completed
+    tag: Any = None                 # the caller's own data, handed back with the output (LLM.stream)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """The id of each of its samples' sequences: the request id itself when n == 1."""
+        n = self.params.n
+        return [self.request_id] if n == 1 else [f"{self.request_id}#{i}" for i in range(n)]

@@ -17,8 +17,8 @@ import json
 import os
 import socket
 
-from ms_atb.openai_batch import result_key
-from ms_atb.prompt_file import is_id
+from ms_atb.batch.openai_batch import result_key
+from ms_atb.batch.prompt_file import is_id
 
 RESULT_START = b'{"id": '     # how every line ms-atb-generate writes begins, in either format
 

@@ -1,7 +1,14 @@
-"""Telling Ctrl-C from an external SIGTERM in a command-line job, with MindSpore in the process.
+"""Signals with MindSpore in the process: Ctrl-C during engine work, and Ctrl-C told apart from an external
+SIGTERM in a command-line job.
 
-MindSpore replaces the SIGINT handler while a graph runs, and its handler sends the process SIGTERM: by
-the handler alone, Ctrl-C and `kill <pid>` look the same. The sender does not: MindSpore's SIGTERM comes
+interrupts_raise(): while engine work runs, Ctrl-C raises KeyboardInterrupt instead of killing the process.
+MindSpore installs its own SIGINT handler at every graph run, and that handler sends the process SIGTERM, whose
+default action kills it: every result held in memory would be lost. Inside interrupts_raise() SIGTERM raises
+KeyboardInterrupt, so a run stops as an interrupted Python call does (finished outputs ride on the exception,
+the engine stays usable); afterwards Python's SIGINT handler is back. Left alone outside the main thread, or
+when the program has its own SIGTERM handler (watch_signals() installs one).
+
+watch_signals(): by MindSpore's handler alone, Ctrl-C and `kill <pid>` look the same. The sender does not: MindSpore's SIGTERM comes
 from the process itself. So once watch_signals() has run:
   1. SIGTERM is blocked in every thread started after it (the engine's included) and a watcher thread
      takes it with sigwaitinfo, which names the sender;
@@ -15,6 +22,7 @@ pool), are imported. Threads inherit the blocked SIGTERM; one started earlier wo
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import signal
 import threading
@@ -49,3 +57,24 @@ def watch_signals() -> bool:
 
     threading.Thread(target=watch, name="ms-atb-signals", daemon=True).start()
     return True
+
+
+@contextlib.contextmanager
+def interrupts_raise():
+    """While engine work runs, Ctrl-C raises KeyboardInterrupt instead of killing the process (above)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    sigint = signal.getsignal(signal.SIGINT)     # Python's record; MindSpore replaced the C handler
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"interrupted (signal {signum}: MindSpore turns Ctrl-C into SIGTERM)")

@@ -1,8 +1,8 @@
-"""RequestBuilder: prompts and SamplingParams -> Requests, every one checked before any work starts.
+"""InputProcessor: prompts and SamplingParams -> Requests, every one checked before any work starts.
 
-Owned by LLM. It reads the tokenizer and the vocabulary size it was given and the scheduler passed
-to each call (the scheduler alone knows the KV pool and max_model_len limits); it owns the request id
-counter and the cache of guided-choice guides."""
+Owned by LLM. It reads the tokenizer and the vocabulary size it was given, and checks each request's size
+against the engine's limits (`limits.check`, `limits.max_output_tokens`: the Engine, which alone reads the
+scheduler's KV pool and max_model_len); it owns the request id counter and the cache of guided-choice guides."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,16 +11,17 @@ from typing import Union
 import numpy as np
 
 from ms_atb.text.guided_choice import ChoiceGuide
-from ms_atb.request import Request
+from ms_atb.engine.request import Request
 from ms_atb.sampling_params import SamplingParams
 
 # text, token ids (a list, tuple or 1-D integer array), or vLLM's {"prompt": text} / {"prompt_token_ids": ids}
 Prompt = Union[str, list[int], tuple[int, ...], np.ndarray, dict]
 
 
-class RequestBuilder:
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int):
+class InputProcessor:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, limits):
         self.tokenizer = tokenizer
+        self.limits = limits            # check(num_prompt_tokens, max_tokens), max_output_tokens(num_prompt_tokens)
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self._next_id = 0
@@ -31,7 +32,7 @@ class RequestBuilder:
         """Requests built with a generated id so far (the engine's default seed mixes it in)."""
         return self._next_id
 
-    def build_all(self, prompts, sampling_params, defaults: SamplingParams, scheduler,
+    def build_all(self, prompts, sampling_params, defaults: SamplingParams,
                   add_special_tokens: bool = True) -> list[Request]:
         """One Request per prompt; ValueError naming the first bad one's index. sampling_params: one
         SamplingParams, one per prompt, or None (defaults)."""
@@ -60,12 +61,12 @@ class RequestBuilder:
                     sp.validate()
                 except ValueError as e:
                     raise ValueError(f"request {i}: {e}") from None
-        return [self.build(p, sp, i, scheduler, add_special_tokens=add_special_tokens)
+        return [self.build(p, sp, i, add_special_tokens=add_special_tokens)
                 for i, (p, sp) in enumerate(zip(prompts, sampling_params))]
 
-    def build(self, prompt: Prompt, params: SamplingParams, index: int, scheduler,
-              request_id: str | None = None, add_special_tokens: bool = True) -> Request:
-        """Validates one request; ValueError naming its index."""
+    def build(self, prompt: Prompt, params: SamplingParams, index: int, request_id: str | None = None,
+              add_special_tokens: bool = True, tag=None) -> Request:
+        """Validates one request; ValueError naming its index. tag: the caller's data, carried to its output."""
         try:
             if isinstance(prompt, dict):
                 keys = sorted(prompt)
@@ -103,19 +104,19 @@ class RequestBuilder:
                 raise ValueError(f"token id {named[0]} in the sampling parameters (stop_token_ids, "
                                  f"logit_bias, allowed_token_ids) is outside the vocabulary [0, {vocab})")
             if params.max_tokens is None:           # as many as max_model_len (and the KV pool) leave
-                room = scheduler.max_output_tokens(len(ids))
+                room = self.limits.max_output_tokens(len(ids))
                 if room < 1:
                     raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room to generate within "
                                      f"max_model_len {self.max_model_len} and the KV pool")
                 params = dataclasses.replace(params, max_tokens=room)
-            scheduler.check(len(ids), params.max_tokens)
+            self.limits.check(len(ids), params.max_tokens)
             guide, bad_words_ids = self._text_constraints(params)
         except ValueError as e:
             raise ValueError(f"request {index}: {e}") from None
         if request_id is None:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
-        return Request(request_id, index, text, ids, params, guide, bad_words_ids)
+        return Request(request_id, index, text, ids, params, guide, bad_words_ids, tag)
 
     def _text_constraints(self, params: SamplingParams) -> tuple[ChoiceGuide | None, list[tuple[int, ...]]]:
         """The guide of params.guided_choice and the token sequences of params.bad_words (each word as

@@ -7,10 +7,9 @@ Output line: {"id", "custom_id", "response": {"status_code": 200, "request_id", 
              {"id", "custom_id", "response": null, "error": {"code", "message", "line"}}.
 
 Rules:
-  1. parse_line turns a line into the request item ms-atb-generate runs (prompt_file's shape: "id" is the
-     custom_id, then "prompt" or "messages" and SamplingParams fields, "_line", and this format's own
-     "_openai" entry) or into an error item ("_error", "_code"). It never raises: in this format every invalid
-     line becomes an error line and the rest of the file runs.
+  1. parse_line turns a line into the BatchItem ms-atb-generate runs (its id is the custom_id; prompt or
+     messages, SamplingParams fields, and the endpoint in `openai`) or into one with `error` set. It never
+     raises: in this format every invalid line becomes an error line and the rest of the file runs.
   2. Body fields map onto SamplingParams (SAMPLING_FIELDS and the per-endpoint ones); "model" is accepted
      whatever it says and echoed; a field in NO_OP is accepted at the values listed there, which change
      nothing; any other field is an error naming it. A null field is unset: the job's defaults apply.
@@ -25,6 +24,7 @@ import json
 import time
 import uuid
 
+from ms_atb.batch.item import BatchItem, OpenAIEndpoint
 from ms_atb.sampling_params import MAX_LOGPROBS, is_int
 
 CHAT_URL = "/v1/chat/completions"
@@ -49,13 +49,12 @@ def is_batch_line(obj) -> bool:
     return isinstance(obj, dict) and "custom_id" in obj
 
 
-def error_item(lineno: int, message: str, code: str, custom_id: str | None = None) -> dict:
+def error_item(lineno: int, message: str, code: str, custom_id: str | None = None) -> BatchItem:
     """The item of a line that cannot run (rule 3 for its id)."""
-    return {"id": ("line", lineno) if custom_id is None else custom_id, "_line": lineno, "_error": message,
-            "_code": code}
+    return BatchItem(("line", lineno) if custom_id is None else custom_id, lineno, error=message, error_code=code)
 
 
-def parse_line(text: str, lineno: int, path: str) -> dict:
+def parse_line(text: str, lineno: int, path: str) -> BatchItem:
     """One non-blank input line -> a request item or an error item (rule 1)."""
     try:
         line = json.loads(text)
@@ -75,7 +74,7 @@ def parse_line(text: str, lineno: int, path: str) -> dict:
         return error_item(lineno, f"{where}: url {url!r} is not supported; allowed: {list(URLS)}", "invalid_url",
                           custom_id)
     try:
-        item = _parse_body(line.get("body"), url)
+        prompt, messages, sampling, endpoint = _parse_body(line.get("body"), url)
     except ValueError as e:
         code = getattr(e, "code", "invalid_request")
         return error_item(lineno, f"{where}: {e}", code, custom_id)
@@ -83,15 +82,29 @@ def parse_line(text: str, lineno: int, path: str) -> dict:
     if extra:
         return error_item(lineno, f"{where}: unknown field(s) {extra} beside the body; a line holds custom_id, "
                                   f"method, url and body", "invalid_request", custom_id)
-    item.update(id=custom_id, _line=lineno)
-    return item
+    return BatchItem(custom_id, lineno, prompt, messages, sampling, endpoint)
 
 
-def _parse_body(body, url: str) -> dict:
-    """A request body -> {"prompt" | "messages", SamplingParams fields, "_openai"}; ValueError saying what is wrong."""
+def _parse_body(body, url: str) -> tuple:
+    """A request body -> (prompt, messages, SamplingParams fields, endpoint); ValueError saying what is wrong."""
     if not isinstance(body, dict):
         raise ValueError(f"body must be an object, got {json.dumps(body)}")
     body = {k: v for k, v in body.items() if v is not None}              # rule 2: null is unset
+    _check_fields(body, url)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"model must be a string, got {json.dumps(model)}")
+    sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    if url == CHAT_URL:
+        messages = _messages(body.get("messages"))
+        return None, messages, sampling, OpenAIEndpoint(url, model, _chat_fields(body, sampling))
+    if "logprobs" in body:
+        sampling["logprobs"] = body["logprobs"]               # SamplingParams checks the count
+    return _prompt(body.get("prompt")), None, sampling, OpenAIEndpoint(url, model)
+
+
+def _check_fields(body: dict, url: str) -> None:
+    """ValueError (code unsupported_parameter) naming the body fields this endpoint does not take (rule 2)."""
     own = ENDPOINT_FIELDS[url]
     unsupported = sorted(k for k in body if k not in SAMPLING_FIELDS and k not in own and k not in ("model", "user")
                          and not _no_op(k, body[k]))
@@ -102,33 +115,26 @@ def _parse_body(body, url: str) -> dict:
                            f"and these only at their defaults: {defaults}")
         error.code = "unsupported_parameter"
         raise error
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ValueError(f"model must be a string, got {json.dumps(model)}")
-    item = {k: body[k] for k in SAMPLING_FIELDS if k in body}
-    top_logprobs = None
-    if url == CHAT_URL:
-        item["messages"] = _messages(body.get("messages"))
-        if "max_completion_tokens" in body:
-            if "max_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
-                raise ValueError(f"max_tokens ({body['max_tokens']!r}) and max_completion_tokens "
-                                 f"({body['max_completion_tokens']!r}) differ; give one")
-            item["max_tokens"] = body["max_completion_tokens"]
-        if not isinstance(body.get("logprobs", False), bool):
-            raise ValueError(f"logprobs must be a bool on {CHAT_URL}, got {json.dumps(body['logprobs'])}")
-        top_logprobs = body.get("top_logprobs")
-        if top_logprobs is not None and (not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"top_logprobs must be an int in [0, {MAX_LOGPROBS}], got {json.dumps(top_logprobs)}")
-        if top_logprobs is not None and not body.get("logprobs"):
-            raise ValueError("top_logprobs needs logprobs: true")
-        if body.get("logprobs"):
-            item["logprobs"] = top_logprobs or 0
-    else:
-        item["prompt"] = _prompt(body.get("prompt"))
-        if "logprobs" in body:
-            item["logprobs"] = body["logprobs"]               # SamplingParams checks the count
-    item["_openai"] = {"url": url, "model": model, "top_logprobs": top_logprobs}
-    return item
+
+
+def _chat_fields(body: dict, sampling: dict) -> int | None:
+    """The chat endpoint's max_completion_tokens and logprobs / top_logprobs, into sampling; returns
+    top_logprobs."""
+    if "max_completion_tokens" in body:
+        if "max_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
+            raise ValueError(f"max_tokens ({body['max_tokens']!r}) and max_completion_tokens "
+                             f"({body['max_completion_tokens']!r}) differ; give one")
+        sampling["max_tokens"] = body["max_completion_tokens"]
+    if not isinstance(body.get("logprobs", False), bool):
+        raise ValueError(f"logprobs must be a bool on {CHAT_URL}, got {json.dumps(body['logprobs'])}")
+    top_logprobs = body.get("top_logprobs")
+    if top_logprobs is not None and (not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_LOGPROBS):
+        raise ValueError(f"top_logprobs must be an int in [0, {MAX_LOGPROBS}], got {json.dumps(top_logprobs)}")
+    if top_logprobs is not None and not body.get("logprobs"):
+        raise ValueError("top_logprobs needs logprobs: true")
+    if body.get("logprobs"):
+        sampling["logprobs"] = top_logprobs or 0
+    return top_logprobs
 
 
 def _no_op(key: str, value) -> bool:
@@ -165,17 +171,17 @@ def _prompt(prompt):
                      f"a line), got {json.dumps(prompt)[:80]}")
 
 
-def error_line(item: dict, message: str) -> dict:
+def error_line(item: BatchItem, message: str) -> dict:
     """The output line of a request that cannot run."""
-    custom_id = item["id"] if isinstance(item["id"], str) else None
+    custom_id = item.id if isinstance(item.id, str) else None
     return {"id": _new_id("batch_req"), "custom_id": custom_id, "response": None,
-            "error": {"code": item.get("_code", "invalid_request"), "message": message, "line": item["_line"]}}
+            "error": {"code": item.error_code, "message": message, "line": item.line}}
 
 
-def result_line(item: dict, output, tokenizer, default_model: str) -> dict:
+def result_line(item: BatchItem, output, tokenizer, default_model: str) -> dict:
     """The output line of a finished request: item from parse_line, output its RequestOutput."""
-    meta = item["_openai"]
-    chat = meta["url"] == CHAT_URL
+    meta = item.openai
+    chat = meta.url == CHAT_URL
     choices = []
     for c in output.outputs:
         choice = {"index": c.index}
@@ -185,17 +191,17 @@ def result_line(item: dict, output, tokenizer, default_model: str) -> dict:
             choice["text"] = c.text
         choice["logprobs"] = None
         if c.logprobs is not None:
-            choice["logprobs"] = (_chat_logprobs(c, tokenizer, meta["top_logprobs"] or 0) if chat
+            choice["logprobs"] = (_chat_logprobs(c, tokenizer, meta.top_logprobs or 0) if chat
                                   else _text_logprobs(c, tokenizer))
         choice["finish_reason"] = c.finish_reason
         choices.append(choice)
     num_prompt = len(output.prompt_token_ids)
     num_completion = sum(len(c.token_ids) for c in output.outputs)
     body = {"id": _new_id("chatcmpl" if chat else "cmpl"), "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": meta["model"] or default_model, "choices": choices,
+            "created": int(time.time()), "model": meta.model or default_model, "choices": choices,
             "usage": {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
                       "total_tokens": num_prompt + num_completion}}
-    return {"id": _new_id("batch_req"), "custom_id": item["id"],
+    return {"id": _new_id("batch_req"), "custom_id": item.id,
             "response": {"status_code": 200, "request_id": _new_id("req"), "body": body}, "error": None}
 
 
