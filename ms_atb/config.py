@@ -45,7 +45,7 @@ def _leaf(default, doc: str):
 class ModelSection:
     """Which weights and tokenizer, and the dtypes the model computes in and holds its linears in."""
     path: str = _leaf(
-        "", "Required. An HF directory, a `.gguf` file, a MindSpore `.ckpt` (MindFormers names), "
+        "", "An HF directory, a `.gguf` file, a MindSpore `.ckpt` (MindFormers names), "
             "`pkg:<package>/<file>` (a file inside an installed package, found without importing it) or "
             "`random:<preset>[?seed=N]` (seeded random weights built in memory). A relative path is relative to "
             "the YAML file.")
@@ -56,7 +56,7 @@ class ModelSection:
                    "`float16` or `bfloat16`.")
     max_model_len: Union[int, None] = _leaf(
         None, "Prompt + generated tokens per request, at most. Unset: the model's `max_position_embeddings`, at "
-              "most 2048 (and at most a Mistral model's `sliding_window`, which a larger value exceeds: refused).")
+              "most 2048, and at most a Mistral model's `sliding_window` (a larger value is refused there).")
     tokenizer: Union[str, None] = _leaf(
         None, "Where to read the tokenizer from; unset: the model path. Ids a model pads its vocabulary with "
               "decode to no text; the model's `eos_token_id` (config.json) stops requests when the tokenizer "
