@@ -70,7 +70,8 @@ class ModelSection:
                 "embedding gather reads a float32 copy (a tied lm_head keeps the embedding's blocks). On SmolLM2 "
                 "`auto` gives the float32 dequantisation's products bit for bit.")
     activation_dtype: str = _leaf(
-        "float32", "`int8` (opt-in; CPU, `dtype: float32`, linears kept quantized: `weight_dtype: int8`, or "
+        "float32", "The dtype of the linears' inputs. `float32`: as the model computes them. `int8` (opt-in; CPU, "
+                   "`dtype: float32`, linears kept quantized: `weight_dtype: int8`, or "
                    "`auto` on a GGUF; refused otherwise): each quantized linear's input is quantized per row and "
                    "block of 32 (symmetric, max |x| / 127) and meets the stored weight blocks in integer dot "
                    "products; linears held as floats keep float32 activations (logged). SmolLM2: perplexity "
