@@ -17,11 +17,11 @@ import yaml
 
 from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import ALLOCATIONS
-from ms_atb.sampling_params import SamplingParams
+from ms_atb.sampling_params import CONFIG, SamplingParams, sampling_fields
 
 DEVICES = ("cpu", "npu", "npu:N")          # npu: the device msrun or DEVICE_ID assigns; npu:N: device id N
 # The attention backends each device allows ("auto" first: cpu on the CPU, ms_atb on npu); the ops'
-# own table is ms_atb/ops/backends.py (config stays free of MindSpore imports; a test keeps them equal).
+# own table is ops/backends.py (config stays free of MindSpore imports; a test keeps them equal).
 DEVICE_BACKENDS = {"cpu": ("auto", "cpu", "ascendc"), "npu": ("auto", "ms_atb", "mindspore")}
 ATTENTION_BACKENDS = ("auto", "ms_atb", "mindspore", "cpu", "ascendc")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -35,64 +35,136 @@ _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10
                "gb": 10**9}
 
 
+def _leaf(default, doc: str):
+    """A config leaf: its default and its meaning. docs/config.md is generated from these
+    (scripts/gen_config_doc.py); a section's docstring opens its part there."""
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass
 class ModelSection:
-    path: str = ""
-    dtype: str = "float32"
-    max_model_len: Union[int, None] = None  # None: the model's max_position_embeddings, at most 2,048
-    tokenizer: Union[str, None] = None      # defaults to the model path
-    weight_dtype: str = "auto"              # see WEIGHT_DTYPES; the linears' weights only
-    activation_dtype: str = "float32"       # see ACTIVATION_DTYPES; int8: CPU, float32, quantized linears only
+    """Which weights and tokenizer, and the dtypes the model computes in and holds its linears in."""
+    path: str = _leaf(
+        "", "An HF directory, a `.gguf` file, a MindSpore `.ckpt` (MindFormers names), "
+            "`pkg:<package>/<file>` (a file inside an installed package, found without importing it) or "
+            "`random:<preset>[?seed=N]` (seeded random weights built in memory). A relative path is relative to "
+            "the YAML file.")
+    dtype: str = _leaf(
+        "float32", "The dtype the model computes in. CPU: `float32`; `float16` runs, slower to compile and to "
+                   "prefill (its norms and rotary embedding are MindSpore half-precision ops, its linears our "
+                   "float32 kernels on float32 casts of the activations); `bfloat16` does not run. Ascend: "
+                   "`float16` or `bfloat16`.")
+    max_model_len: Union[int, None] = _leaf(
+        None, "Prompt + generated tokens per request, at most. Unset: the model's `max_position_embeddings`, at "
+              "most 2048, and at most a Mistral model's `sliding_window` (a larger value is refused there).")
+    tokenizer: Union[str, None] = _leaf(
+        None, "Where to read the tokenizer from; unset: the model path. Ids a model pads its vocabulary with "
+              "decode to no text; the model's `eos_token_id` (config.json) stops requests when the tokenizer "
+              "names no EOS.")
+    weight_dtype: str = _leaf(
+        "auto", "How the linears hold their weights. `auto`: a GGUF's `Q8_0` / `Q4_0` / "
+                "`Q4_1` blocks as stored, multiplied by our `QuantMatMul` kernel; other quantized GGUF types "
+                "(K-quants, mixed types in one fused projection) converted to `Q8_0` on load (logged); float "
+                "tensors in float32; on Ascend `auto` means `dtype`. `float32`: everything dequantised, whatever "
+                "`dtype`. `int8` (CPU only): every linear quantized on load, per output channel, symmetric. The "
+                "embedding gather reads a float32 copy (a tied lm_head keeps the embedding's blocks). On SmolLM2 "
+                "`auto` gives the float32 dequantisation's products bit for bit.")
+    activation_dtype: str = _leaf(
+        "float32", "The dtype of the linears' inputs. `float32`: as the model computes them. `int8` (opt-in; CPU, "
+                   "`dtype: float32`, linears kept quantized: `weight_dtype: int8`, or "
+                   "`auto` on a GGUF; refused otherwise): each quantized linear's input is quantized per row and "
+                   "block of 32 (symmetric, max |x| / 127) and meets the stored weight blocks in integer dot "
+                   "products; linears held as floats keep float32 activations (logged). SmolLM2: perplexity "
+                   "+0.45%, faster decode (BENCHMARKS.md).")
 
 
 @dataclass
 class KVCacheSection:
-    block_size: int = 16
-    num_blocks: Union[int, str] = "auto"    # an integer, or "auto": memory_budget / bytes per block
-    memory_budget: Union[int, str] = "1GiB"
-    enable_prefix_caching: bool = True
-    allocation: str = "contiguous"
-    attention_backend: str = "auto"         # see ATTENTION_BACKENDS
-    cache_dtype: str = "auto"               # KV storage, independent of model.dtype: the kernels convert
+    """The paged KV pool: its blocks, its size, prefix caching, placement, kernels and storage dtype."""
+    block_size: int = _leaf(16, "Tokens per KV block.")
+    num_blocks: Union[int, str] = _leaf(
+        "auto", "Blocks in the pool: an integer, or `auto` = `memory_budget` / bytes per block (values and int8 "
+                "scales; both printed). On the CPU a pool larger than the memory available is refused before the "
+                "build.")
+    memory_budget: Union[int, str] = _leaf(
+        "1GiB", "The KV budget of `num_blocks: auto`: a byte count or a size like `1GiB` or `512MiB`. A "
+                "configured size, never the free memory, so two engines in one process size alike; per card "
+                "under tensor parallelism.")
+    enable_prefix_caching: bool = _leaf(
+        True, "Share the KV of common prompt prefixes: whole blocks, shared only when their tokens and every "
+              "block before them compare equal.")
+    allocation: str = _leaf(
+        "contiguous", "`contiguous` (contiguous-first placement), `scattered` (a plain free list) or `static` "
+                      "(`max_model_len` tokens of blocks reserved per admitted request: the static pre-allocation "
+                      "baseline).")
+    attention_backend: str = _leaf(
+        "auto", "The kernels of `reshape_and_cache` and `paged_attention`. CPU: `cpu` "
+                "(our C++ kernels) or `ascendc` (our AscendC kernels run through our CPU implementation of the "
+                "Ascend C API subset; float16 models, float16 or int8 caches, int8 with head_dim a multiple of "
+                "32). NPU: `ms_atb` (our AscendC custom ops, built by scripts/build_ascend_ops.sh) or "
+                "`mindspore` (MindSpore's built-in ops). `auto`: `cpu` on the CPU, `ms_atb` on npu.")
+    cache_dtype: str = _leaf(
+        "auto", "The KV cache's storage: `auto` (the model's dtype), `float16`, `bfloat16` or `int8` "
+                "(symmetric, a float32 scale per token and KV head, computed as the token is written). The model "
+                "still computes in its own dtype: the kernels convert as they read and write. Other than `auto`: "
+                "CPU only.")
 
 
 @dataclass
 class SchedulerSection:
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
-    enable_chunked_prefill: bool = True
-    policy: str = "auto"     # fcfs | prefix | auto: prefix in the batch CLI, fcfs in LLM (LLM.prepare default_policy)
+    """Continuous batching: how much runs in a step, and in which order waiting requests are admitted."""
+    max_num_seqs: int = _leaf(32, "Requests running at once, at most.")
+    max_num_batched_tokens: int = _leaf(
+        512, "Tokens per model step, at most; the largest token bucket a graph is compiled for.")
+    enable_chunked_prefill: bool = _leaf(True, "Split long prompts over several steps.")
+    policy: str = _leaf(
+        "auto", "Admission order: `fcfs` (arrival order), `prefix` (waiting requests that share a prefix admitted "
+                "together, within a waiting bound; exact greedy duplicates computed once), or `auto`: `prefix` "
+                "in ms-atb-generate, `fcfs` in `LLM` (LLM.prepare's default_policy).")
 
 
 @dataclass
 class ParallelSection:
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1     # independent engine replicas, each of tensor_parallel_size ranks (msrun)
+    """Tensor and data parallelism under msrun (docs/usage.md)."""
+    tensor_parallel_size: int = _leaf(
+        1, "Ranks each layer is split over, one process per card under msrun.")
+    data_parallel_size: int = _leaf(
+        1, "Independent engine replicas, each of `tensor_parallel_size` ranks (msrun's world size is the "
+           "product); ms-atb-generate splits its input among them.")
 
 
 @dataclass
 class ContextSection:
-    device: str = "cpu"
-    mode: str = "graph"
-    seed: int = 0
-    compile_cache: Union[str, None] = "auto"  # a directory keeping compiled graphs between runs; auto: ~/.cache/ms_atb/graphs; None: off
-    precompile: bool = False  # true: every token bucket's graph at build; false: each when a step first needs it
+    """The device, the engine's seed and the caches of compiled graphs."""
+    device: str = _leaf(
+        "cpu", "`cpu`, `npu` (Ascend: the device msrun or `DEVICE_ID` assigns) or `npu:N` (device id N).")
+    mode: str = _leaf("graph", "MindSpore's execution mode: `graph` only.")
+    seed: int = _leaf(0, "The engine's seed, >= 0: requests without a seed of their own draw from it.")
+    compile_cache: Union[str, None] = _leaf(
+        "auto", "A directory keeping compiled graphs, and the weights as the model holds them, between runs "
+                "(docs/usage.md, \"Compile cache\"). `auto`: `$MS_ATB_GRAPH_CACHE` (`off`: none) or "
+                "`~/.cache/ms_atb/graphs` (`$XDG_CACHE_HOME` respected); null: off.")
+    precompile: bool = _leaf(
+        False, "`false`: each token bucket's graph is loaded or compiled when a step first needs it, so a run "
+               "pays only for the sizes it meets; `true`: every bucket's graph at build (14 on SmolLM2, about "
+               "25 s cold), so no request pays a compile.")
 
 
-@dataclass
-class SamplingSection:
-    max_tokens: Union[int, None] = 64      # None: up to max_model_len
-    temperature: float = 0.0
-    top_k: int = -1
-    top_p: float = 1.0
-    min_p: float = 0.0
-    ignore_eos: bool = False
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
-    n: int = 1
-    truncate_prompt_tokens: Union[int, None] = None
+def _config_type(annotation: str) -> str:
+    """SamplingParams spells an optional type `int | None`; the sections (and _coerce) `Union[int, None]`."""
+    head, bar, tail = annotation.partition(" | ")
+    return f"Union[{head}, {tail}]" if bar else annotation
+
+
+# The `sampling.*` leaves: the SamplingParams fields marked CONFIG, with their names, types and meanings, and
+# the config's own default where SamplingParams declares one (max_tokens 64, temperature 0.0).
+SamplingSection = dataclasses.make_dataclass(
+    "SamplingSection",
+    [(f.name, _config_type(f.type), _leaf(f.metadata.get("config_default", f.default), f.metadata["doc"]))
+     for f in sampling_fields(CONFIG)],
+    namespace={"__module__": __name__,
+               "__doc__": "The defaults of requests that do not set a field (ms_atb.SamplingParams). The Python "
+                          "API's own defaults differ for max_tokens (16) and temperature (1.0)."})
 
 
 @dataclass

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 MAX_LOGPROBS = 20    # the most alternatives logprobs / prompt_logprobs may ask for per token
@@ -44,35 +44,92 @@ def _token_bias(bias) -> dict[int, float]:
     return out
 
 
+# The surfaces a field is exposed on besides the Python API (sampling_fields(surface) lists them):
+CONFIG = "config"    # a `sampling.*` leaf of the YAML config (and an LLM(...) keyword): the job's defaults
+CLI = "cli"          # an `ms-atb-generate --flag` (--max-tokens, ...): defaults for the lines that do not set it
+OPENAI = "openai"    # a body field of an OpenAI batch line, on both /v1/chat/completions and /v1/completions
+SURFACES = (CONFIG, CLI, OPENAI)
+_SAME = object()     # a config default equal to the Python default
+
+
+def _param(default, doc: str, surfaces: tuple = (), config_default=_SAME):
+    """A SamplingParams field: its meaning, the surfaces that expose it, and the default of its `sampling.*`
+    leaf where that differs from the Python default."""
+    assert set(surfaces) <= set(SURFACES), surfaces
+    extra = {} if config_default is _SAME else {"config_default": config_default}
+    return field(default=default, metadata={"doc": doc, "surfaces": tuple(surfaces), **extra})
+
+
 @dataclass
 class SamplingParams:
     """How one request samples and stops; every field is checked (ValueError naming it and what is allowed).
 
     Upper bounds: n <= MAX_N = 64 samples per request (each holds KV blocks and a scheduler slot of its
-    own); logprobs and prompt_logprobs <= MAX_LOGPROBS = 20 alternatives per token."""
-    max_tokens: int | None = 16       # None: as many as max_model_len leaves after the prompt
-    temperature: float = 1.0          # 0 (or under GREEDY_BELOW) = greedy
-    top_k: int = -1                   # -1 = off
-    top_p: float = 1.0                # 1.0 = off
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    repetition_penalty: float = 1.0   # 1.0 = off; > 1 discourages every token of the prompt and output
-    presence_penalty: float = 0.0     # subtracted from the logit of every token generated so far
-    frequency_penalty: float = 0.0    # times how often each token was generated so far
-    logprobs: int | None = None       # None: off; N: each output token's log-probability and the N most likely
-    min_tokens: int = 0               # no stop token (EOS, stop_token_ids) is sampled before this many
-    min_p: float = 0.0                # 0.0 = off; drops tokens less likely than min_p x the most likely one
-    n: int = 1                        # samples of this prompt (RequestOutput.outputs); they share its cached KV
-    truncate_prompt_tokens: int | None = None   # None: off; K: keep only the prompt's last K tokens
-    logit_bias: dict[int, float] | None = None  # added to those tokens' logits (after the penalties)
-    allowed_token_ids: list[int] | None = None  # only these tokens may be sampled
-    prompt_logprobs: int | None = None   # None: off; N: each prompt token's log-probability and the N most likely
-    skip_special_tokens: bool = True     # leave special tokens (e.g. <|im_start|>) out of the text
-    include_stop_str_in_output: bool = False   # keep the stop string that ended the text at its end
-    guided_choice: list[str] | None = None     # the output text is exactly one of these strings
-    bad_words: list[str] | None = None         # words never generated (their token sequences, as in vLLM)
+    own); logprobs and prompt_logprobs <= MAX_LOGPROBS = 20 alternatives per token. Each field's metadata
+    holds its meaning ("doc") and the surfaces that expose it ("surfaces"; see sampling_fields)."""
+    max_tokens: int | None = _param(
+        16, "The most tokens to generate. None: as many as max_model_len and the KV pool leave after the prompt.",
+        SURFACES, config_default=64)
+    temperature: float = _param(
+        1.0, "Divides the logits before sampling; 0 (or under 1e-5, as in vLLM) is greedy.", SURFACES,
+        config_default=0.0)
+    top_k: int = _param(-1, "Sample among the k most likely tokens; -1 is off (0 is an error).", SURFACES)
+    top_p: float = _param(
+        1.0, "Sample among the most likely tokens whose probabilities sum to top_p, in (0, 1]; 1.0 is off.", SURFACES)
+    seed: int | None = _param(
+        None, "The request's own random stream: a seed gives the same tokens whatever else is in the batch. "
+              "None: a stream drawn from context.seed and the request's place in the engine's run.", (CLI, OPENAI))
+    stop: str | list[str] | None = _param(
+        None, "Strings that end the request when the text reaches one (matched on the text, so they end it under "
+              "ignore_eos too); the text stops before it unless include_stop_str_in_output.", (OPENAI,))
+    stop_token_ids: list[int] | None = _param(
+        None, "Token ids that end the request as EOS does (not under ignore_eos).", (OPENAI,))
+    ignore_eos: bool = _param(
+        False, "Generate exactly max_tokens tokens (fewer only when max_model_len comes first): no stop token, "
+               "neither EOS nor stop_token_ids, ends the request (vLLM still stops at stop_token_ids). A stop "
+               "string still does.", SURFACES)
+    repetition_penalty: float = _param(
+        1.0, "Greater than 0, 1.0 is off: divides the positive logits and multiplies the negative ones of every "
+             "token in the prompt and the output (as in vLLM).", SURFACES)
+    presence_penalty: float = _param(
+        0.0, "In [-2, 2], 0 is off: subtracted from the logit of every token generated so far.", SURFACES)
+    frequency_penalty: float = _param(
+        0.0, "In [-2, 2], 0 is off: subtracted from a token's logit once per time it was generated so far.", SURFACES)
+    logprobs: int | None = _param(
+        None, "0-20; None is off. RequestOutput.logprobs: for each output token, {token id: log-probability} of "
+              "that token and the N most likely ones under the model's distribution (before penalties and "
+              "temperature); and cumulative_logprob.")
+    min_tokens: int = _param(
+        0, "No stop token (EOS, stop_token_ids) is chosen before this many tokens, and stop strings are ignored "
+           "until then; at most max_tokens.", SURFACES)
+    min_p: float = _param(
+        0.0, "In [0, 1], 0 is off: drops the tokens less likely than min_p times the most likely one (after "
+             "temperature, before top-k and top-p).", SURFACES)
+    n: int = _param(
+        1, "Samples of this prompt, 1-64: RequestOutput.outputs holds n CompletionOutputs, which share the "
+           "prompt's cached blocks.", SURFACES)
+    truncate_prompt_tokens: int | None = _param(
+        None, "Keep only the prompt's last K tokens (a BOS at the front is cut with the rest, as in vLLM). None: "
+              "a prompt that does not fit max_model_len is rejected.", SURFACES)
+    logit_bias: dict[int, float] | None = _param(
+        None, "{token id: bias in [-100, 100]} added to those tokens' logits after the penalties (JSON's string "
+              "keys are accepted).", (OPENAI,))
+    allowed_token_ids: list[int] | None = _param(
+        None, "Only these tokens may be chosen (classification-style jobs).", (OPENAI,))
+    prompt_logprobs: int | None = _param(
+        None, "0-20; None is off. RequestOutput.prompt_logprobs: for each prompt token, its log-probability given "
+              "the tokens before it and the N most likely tokens there (None for the first token).")
+    skip_special_tokens: bool = _param(
+        True, "Leave special tokens such as <|im_start|> out of the text.", (OPENAI,))
+    include_stop_str_in_output: bool = _param(
+        False, "Keep the stop string that ended the text at its end (a stop token id is never part of the text).",
+        (OPENAI,))
+    guided_choice: list[str] | None = _param(
+        None, "The output text is exactly one of these strings (vLLM's guided_choice); not with ignore_eos, "
+              "min_tokens or allowed_token_ids.", (CLI, OPENAI))
+    bad_words: list[str] | None = _param(
+        None, "Words never generated: each is encoded alone and after a space, and the last token of such a "
+              "sequence is never chosen right after its other tokens (as in vLLM).", (CLI, OPENAI))
 
     def __post_init__(self):
         self.validate()
@@ -179,3 +236,12 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {unknown}; allowed: {allowed}")
         return cls(**d)
+
+
+def sampling_fields(surface: str) -> list[dataclasses.Field]:
+    """The SamplingParams fields a surface exposes (CONFIG, CLI or OPENAI), in declaration order. A field's
+    metadata: "doc" (its meaning), "surfaces", and "config_default" where the `sampling.*` leaf's default
+    differs from the Python default."""
+    if surface not in SURFACES:
+        raise ValueError(f"surface must be one of {list(SURFACES)}, got {surface!r}")
+    return [f for f in dataclasses.fields(SamplingParams) if surface in f.metadata["surfaces"]]

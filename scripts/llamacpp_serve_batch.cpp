@@ -1,5 +1,5 @@
 // llama.cpp serving an offline workload with continuous batching, as a benchmark peer on llama.h alone
-// (what llama.cpp's examples/parallel and llama-server do, without their `common` library):
+// (what llama.cpp's parallel example and llama-server do, without their `common` library):
 // up to PARALLEL sequences share one KV cache (n_seq_max = PARALLEL); every step is one llama_batch of at
 // most N_BATCH tokens: first the next token of every generating sequence, then prompt chunks of the
 // admitted sequences in arrival order. A sequence's first token is sampled from its last prompt token's

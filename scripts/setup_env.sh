@@ -22,7 +22,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
 fi
 export PATH="$VENV/bin:$PATH"
 # The C++ kernels are built here, at install, not by the first run (~1 min on 2 cores). The library is
-# cached by source digest (ms_atb/ops/build.py); this stamp only spares the check when nothing changed.
+# cached by source digest (ops/build.py); this stamp only spares the check when nothing changed.
 KSTAMP="$VENV/.ms_atb_kernels_stamp"
 KWANT="$(cat "$ROOT"/ops/*.cc "$ROOT"/ops/*.h | sha256sum | cut -c1-16)-${CXX:-g++}-${MS_ATB_KERNEL_CACHE:-}"
 if [ "${MS_ATB_SKIP_KERNEL_BUILD:-0}" != "1" ] && { [ ! -f "$KSTAMP" ] || [ "$(cat "$KSTAMP")" != "$KWANT" ]; }; then

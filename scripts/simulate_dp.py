@@ -1,5 +1,5 @@
 """Data parallelism on the Atlas 800I A2, estimated: one offline batch split over D independent replicas by
-ms-atb-generate's own rule (ms_atb/data_parallel.py: balanced by prompt tokens), each replica simulated on one
+ms-atb-generate's own rule (ms_atb/batch/replicas.py: balanced by prompt tokens), each replica simulated on one
 card with the cost model of scripts/simulate.py's llama2-7b-atlas setting; the job ends with its slowest replica.
 
     python scripts/simulate_dp.py                     # 640 requests sharing a 1,000-token system prompt

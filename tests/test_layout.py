@@ -178,3 +178,172 @@ def test_the_engine_never_imports_the_batch_tool():
     bad = [(m, t, line) for m, p in MODULES.items() if not m.startswith("ms_atb.batch")
            for t, _, line in _imports(m, p) if t == "ms_atb.batch" or t.startswith("ms_atb.batch.")]
     assert not bad, bad
+
+# ---- The docs: short README, paths and test names that exist, the generated config reference --------------------
+
+import fnmatch  # noqa: E402
+import glob  # noqa: E402
+import io  # noqa: E402
+import re  # noqa: E402
+import tokenize  # noqa: E402
+
+README = os.path.join(ROOT, "README.md")
+BENCHMARKS = os.path.join(ROOT, "BENCHMARKS.md")
+# Markdown whose paths and test names must exist.
+DOCS = ["README.md", "BENCHMARKS.md", "ops/ascendc/README.md",
+        *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+CODE_FOLDERS = ("ms_atb", "models", "ops", "scripts", "tests", "configs")
+CODE_SUFFIXES = (".py", ".h", ".cc", ".cpp", ".sh", ".yaml")
+
+
+def _repository_tops() -> list[str]:
+    """The names at the top of the repository that a path may start with: tracked ones (git), else every entry
+    .gitignore does not exclude."""
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        if out.returncode == 0 and out.stdout:
+            return sorted({line.split("/")[0] for line in out.stdout.splitlines()})
+    except OSError:
+        pass
+    with open(os.path.join(ROOT, ".gitignore"), encoding="utf-8") as f:
+        ignored = [p.strip().strip("/") for p in f if p.strip() and not p.startswith("#")]
+    return sorted(n for n in os.listdir(ROOT)
+                  if not n.startswith(".") and not any(fnmatch.fnmatch(n, p) for p in ignored))
+
+
+_TOPS = _repository_tops()
+# A token that looks like a repository path: a top-level name, then /parts. `<...>` marks a placeholder.
+_PATH = re.compile(r"(?<![\w./~$<>-])(?:%s)(?:/[\w.*<>-]+)*(?:::[\w:]+)?" % "|".join(map(re.escape, _TOPS)))
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _comments_and_docstrings(path: str):
+    """(line, text) of every comment and docstring of a code file."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    if path.endswith(".py"):
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                yield tok.start[0], tok.string
+        for node in ast.walk(ast.parse(source, path)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False)
+                if doc is not None:
+                    for i, line in enumerate(doc.splitlines()):
+                        yield node.body[0].lineno + i, line
+        return
+    in_block = False
+    for number, line in enumerate(source.splitlines(), 1):
+        if path.endswith((".sh", ".yaml")):
+            match = re.search(r"(?:^|\s)#.*", line)
+            if match:
+                yield number, match.group(0)
+            continue
+        if in_block:
+            end = line.find("*/")
+            yield number, line if end < 0 else line[:end]
+            in_block = end < 0
+            continue
+        comment, block = line.find("//"), line.find("/*")
+        if comment >= 0 and (block < 0 or comment < block):
+            yield number, line[comment:]
+        elif block >= 0:
+            end = line.find("*/", block)
+            yield number, line[block:] if end < 0 else line[block:end]
+            in_block = end < 0
+
+
+def _texts():
+    """(file, line, text) of the docs' lines and of the code's comments and docstrings."""
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                yield doc, number, line
+    for folder in CODE_FOLDERS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, folder)):
+            dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "data")]
+            for name in sorted(filenames):
+                if name.endswith(CODE_SUFFIXES):
+                    path = os.path.join(dirpath, name)
+                    for number, text in _comments_and_docstrings(path):
+                        yield os.path.relpath(path, ROOT), number, text
+
+
+def _paths_in(text: str) -> list[str]:
+    """The repository paths a text names (test ids cut to their file; placeholders left out)."""
+    tokens = (m.group(0).split("::")[0].rstrip(".,;:'\"`") for m in _PATH.finditer(text))
+    return [t for t in tokens if "/" in t and "<" not in t and ">" not in t]
+
+
+def _named_paths():
+    """(file, line, path as named, path to check from the root) of every repository path the texts name, and of
+    every relative Markdown link."""
+    for where, number, text in _texts():
+        for token in _paths_in(text):
+            yield where, number, token, token.rstrip("/")
+        if where.endswith(".md"):
+            for target in _LINK.findall(text):
+                target = target.split("#")[0]
+                if target and not re.match(r"[a-z]+:", target):
+                    yield where, number, target, os.path.normpath(os.path.join(os.path.dirname(where), target))
+
+
+def test_readme_and_benchmarks_stay_short():
+    with open(README, encoding="utf-8") as f:
+        readme = f.read()
+    with open(BENCHMARKS, encoding="utf-8") as f:
+        benchmarks = f.read()
+    assert len(readme.splitlines()) <= 150, "README.md is what a newcomer reads first: move details to docs/"
+    assert len(benchmarks.splitlines()) <= 600, "BENCHMARKS.md: each table once, its latest measurement"
+    assert not re.search(r"\.py::", readme), "README.md names no test ids: docs/guarantees.md does"
+
+
+def test_every_repository_path_named_in_docs_and_comments_exists():
+    missing = [f"{where}:{number}: {named}" for where, number, named, path in _named_paths()
+               if not (glob.glob(os.path.join(ROOT, path)) if any(c in path for c in "*[") else
+                       os.path.exists(os.path.join(ROOT, path)))]
+    assert not missing, "paths named but not in the repository (a placeholder is spelled <like-this>):\n" + \
+        "\n".join(missing)
+
+
+def test_the_path_check_finds_paths_and_leaves_placeholders():
+    found = _paths_in("see ms_atb/ops/backends.py, `tests/<file>.py::<name>`, ~/.cache/ms_atb/graphs, "
+                      "[a link](docs/usage.md), ops/ and tests/test_layout.py::test_no_import_circle.")
+    assert found == ["ms_atb/ops/backends.py", "docs/usage.md", "tests/test_layout.py"]
+    assert not os.path.exists(os.path.join(ROOT, "ms_atb/ops/backends.py"))
+
+
+def _test_names(path: str) -> dict[str, set[str]]:
+    """Module-level names of a test file (functions, classes, assignments) -> the names inside each class."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    names = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names[node.name] = set()
+        elif isinstance(node, ast.ClassDef):
+            names[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        elif isinstance(node, ast.Assign):
+            names.update({t.id: set() for t in node.targets if isinstance(t, ast.Name)})
+    return names
+
+
+def test_every_test_named_in_docs_and_comments_exists():
+    bad = []
+    for where, number, text in _texts():
+        for path, ids in re.findall(r"(tests/[\w/]+\.py)((?:::\w+)+)", text):
+            parts = ids.split("::")[1:]
+            full = os.path.join(ROOT, path)
+            names = _test_names(full) if os.path.exists(full) else {}
+            if parts[0] not in names or (len(parts) > 1 and parts[1] not in names[parts[0]]):
+                bad.append(f"{where}:{number}: {path}{ids}")
+    assert not bad, "tests named but not found:\n" + "\n".join(bad)
+
+
+def test_the_config_reference_is_generated_from_the_code():
+    from scripts_import import load_script
+    gen = load_script("gen_config_doc")
+    for path, want in ((gen.CONFIG_DOC, gen.render_config_doc()),
+                       (gen.USAGE_DOC, gen.usage_with_table(gen.USAGE_DOC.read_text(encoding="utf-8")))):
+        assert path.read_text(encoding="utf-8") == want, \
+            f"{path.relative_to(ROOT)} differs from the config dataclasses and SamplingParams: run {gen.COMMAND}"

@@ -298,3 +298,51 @@ def test_infinite_logits_are_the_only_candidates_and_nan_is_an_error():
     for p in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0), SamplingParams(top_p=0.9)):
         with pytest.raises(RuntimeError, match="batch row 0 hold NaN"):
             Sampler().sample(nan, [p], [np.random.default_rng(0)])
+
+
+# ---- one declaration of the sampling fields ----------------------------------------------------
+
+SURFACE_FIELDS = {
+    "config": {"max_tokens", "temperature", "top_k", "top_p", "min_p", "ignore_eos", "repetition_penalty",
+               "presence_penalty", "frequency_penalty", "min_tokens", "n", "truncate_prompt_tokens"},
+    "cli": {"max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "presence_penalty",
+            "frequency_penalty", "min_tokens", "n", "truncate_prompt_tokens", "guided_choice", "bad_words",
+            "ignore_eos"},
+    "openai": {"max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
+               "logit_bias", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+               "skip_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens", "allowed_token_ids",
+               "bad_words", "guided_choice"},
+}
+
+
+@pytest.mark.parametrize("surface", sorted(SURFACE_FIELDS))
+def test_sampling_fields_of_each_surface(surface):
+    from ms_atb.sampling_params import sampling_fields
+    fields = sampling_fields(surface)
+    assert {f.name for f in fields} == SURFACE_FIELDS[surface]
+    assert len(fields) == len(SURFACE_FIELDS[surface])
+
+
+def test_every_sampling_field_is_documented_and_unknown_surfaces_are_errors():
+    import dataclasses
+    from ms_atb.sampling_params import sampling_fields
+    for f in dataclasses.fields(SamplingParams):
+        assert f.metadata["doc"].strip(), f.name
+        assert set(f.metadata["surfaces"]) <= set(SURFACE_FIELDS), f.name
+    with pytest.raises(ValueError, match=r"surface must be one of \['config', 'cli', 'openai'\], got 'yaml'"):
+        sampling_fields("yaml")
+
+
+def test_the_config_section_is_derived_from_sampling_params():
+    """sampling.* leaves: the fields marked config, with SamplingParams' types, and its defaults but for the
+    two the config sets (max_tokens 64, temperature 0.0)."""
+    import dataclasses
+    from ms_atb.config import EngineConfig, SamplingSection
+    leaves = {f.name: f for f in dataclasses.fields(SamplingSection)}
+    assert set(leaves) == SURFACE_FIELDS["config"]
+    defaults = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    assert {k: f.default for k, f in leaves.items()} == {**{k: defaults[k] for k in leaves}, "max_tokens": 64,
+                                                         "temperature": 0.0}
+    assert leaves["max_tokens"].type == "Union[int, None]" and leaves["top_k"].type == "int"
+    cfg = EngineConfig.load({"model": {"path": "random:tiny-llama"}, "sampling": {"min_p": 0.1, "n": 2}})
+    assert (cfg.sampling.min_p, cfg.sampling.n, cfg.sampling.max_tokens) == (0.1, 2, 64)

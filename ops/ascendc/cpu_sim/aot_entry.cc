@@ -200,7 +200,7 @@ extern "C" int MsAtbReshapeAndCacheQuant(int nparam, void **params, int *ndims, 
 
 // Tiling plans. shape: T, H, KVH, D, BS, NB, B, MAXB, element bytes, cache element bytes (paged attention)
 // or T, KVH, D, NB, BS, element bytes, cache element bytes (reshape_and_cache). out: the fields of
-// ms_atb/ops/ascendc_build.py's PAGED_ATTENTION_PLAN / RESHAPE_AND_CACHE_PLAN, in that order. Returns 1 (and
+// ops/ascendc_build.py's PAGED_ATTENTION_PLAN / RESHAPE_AND_CACHE_PLAN, in that order. Returns 1 (and
 // *why) when no tiling fits.
 extern "C" int MsAtbPlanPagedAttention(const int64_t *s, int64_t *out, const char **why) {
   const ms_atb_plan::HardwareFigures hw = ms_atb_plan::AssumedAtlas800IA2();

@@ -3,8 +3,8 @@
 // documentation of the API's names and signatures; it shares no code with CANN.
 //
 // Rules enforced (a violation throws RuleViolation; the runner reports it as the kernel's error):
-//   "global memory access"  : global memory is read and written only by DataCopy (and scalar
-//                             GetValue/SetValue of GlobalTensor), inside the tensors the runner registered
+//   "global memory access"  : DataCopy and GlobalTensor's GetValue/SetValue stay inside their tensor and the
+//                             tensors the runner registered (a raw pointer a kernel dereferences is not seen)
 //   "copy alignment"         : DataCopy lengths, strides and addresses are whole 32-byte blocks
 //   "vector operand alignment": vector instructions start on a 32-byte boundary of local memory
 //   "capacity"               : the InitBuffer sizes of one core fit its unified buffer / L1 / L0A / L0B / L0C
