@@ -137,6 +137,11 @@ class SamplingParams:
     def validate(self) -> None:
         """Checks every field (ValueError naming it) and normalises them in place; idempotent. The engine
         calls it again for each request, so fields changed after construction are checked too."""
+        self._check_sizes_and_distribution()
+        self._check_stops_and_counts()
+        self._check_token_rules_and_penalties()
+
+    def _check_sizes_and_distribution(self) -> None:
         if not is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be an int >= 1 and <= MAX_N = {MAX_N} (samples per prompt), got {self.n!r}")
         k = self.truncate_prompt_tokens
@@ -157,6 +162,8 @@ class SamplingParams:
         self.min_p = float(self.min_p)
         if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
+
+    def _check_stops_and_counts(self) -> None:
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s and _encodable(s)
@@ -179,6 +186,8 @@ class SamplingParams:
             n = getattr(self, name)
             if n is not None and (not is_int(n) or not 0 <= n <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be None (off) or an int in [0, {MAX_LOGPROBS}], got {n!r}")
+
+    def _check_token_rules_and_penalties(self) -> None:
         if self.logit_bias is not None:
             self.logit_bias = _token_bias(self.logit_bias)
         if self.allowed_token_ids is not None:

@@ -28,17 +28,14 @@ from ms_atb.batch import quiet
 from ms_atb.batch.job import BEAM_FIELDS, BatchJob
 from ms_atb.batch.output_file import OutputLock
 from ms_atb.batch.prompt_file import FORMATS, read_requests
+from ms_atb.sampling_params import CLI, sampling_fields
 from ms_atb.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, watch_signals
 
 __all__ = ["main", "parse_args"]
 
 
-# Sampling defaults settable on the command line (--max-tokens ...), with their types; plus --ignore-eos.
-SAMPLING_FLAGS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "min_p": float,
-                  "seed": int, "repetition_penalty": float, "presence_penalty": float,
-                  "frequency_penalty": float, "min_tokens": int, "n": int, "truncate_prompt_tokens": int}
-# ... and the ones that take a list of strings (--guided-choice positive negative).
-LIST_FLAGS = {"guided_choice": "the output text is exactly one of these", "bad_words": "words never generated"}
+# The sampling defaults settable on the command line (--max-tokens ...): SamplingParams declares them.
+SAMPLING_FLAGS = {f.name: f for f in sampling_fields(CLI)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,13 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "batch input always does)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config leaf, e.g. --set num_blocks=256 (YAML value syntax)")
-    for name, typ in SAMPLING_FLAGS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
-                       help=f"default {name} for requests that do not set it")
-    for name, meaning in LIST_FLAGS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, nargs="+", default=None, metavar="TEXT",
-                       help=f"default {name} for requests that do not set it: {meaning}")
-    p.add_argument("--ignore-eos", action="store_true", default=None)
+    for name, f in SAMPLING_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+                       help=f"default {name} for requests that do not set it: {f.metadata['doc']}",
+                       **_flag_kind(str(f.type)))
     p.add_argument("--beam-width", type=int, default=None, metavar="W",
                    help="beam search with W beams instead of sampling (requests may set only max_tokens, ignore_eos)")
     p.add_argument("--length-penalty", type=float, default=1.0,
@@ -80,6 +74,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.config is None and not args.merge:
         p.error("the following arguments are required: --config")
     return args
+
+
+def _flag_kind(annotation: str) -> dict:
+    """argparse's keywords for a SamplingParams field of this annotation."""
+    if annotation == "bool":
+        return {"action": "store_true"}
+    if annotation.startswith("list[str]"):
+        return {"nargs": "+", "metavar": "TEXT"}
+    return {"type": {"int": int, "float": float}[annotation.split(" | ")[0]]}
 
 
 def main(argv=None) -> int:
@@ -109,8 +112,7 @@ def main(argv=None) -> int:
 def generate(args) -> int:
     """The job: its flags checked, then read -> validate -> shard -> run -> write -> merge (ms_atb/batch/job.py)."""
     from ms_atb.worker.distributed import world_size_from_env
-    defaults = {k: v for k, v in vars(args).items()
-                if (k in SAMPLING_FLAGS or k in LIST_FLAGS or k == "ignore_eos") and v is not None}
+    defaults = {k: v for k, v in vars(args).items() if k in SAMPLING_FLAGS and v is not None}
     job = BatchJob(args, defaults, parse_overrides(args.set), beam_params(args, defaults))
     job.read()
     with contextlib.ExitStack() as held:

@@ -25,18 +25,14 @@ import time
 import uuid
 
 from ms_atb.batch.item import BatchItem, OpenAIEndpoint
-from ms_atb.sampling_params import MAX_LOGPROBS, is_int
+from ms_atb.sampling_params import MAX_LOGPROBS, OPENAI, is_int, sampling_fields
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 URLS = (CHAT_URL, COMPLETIONS_URL)
-# Body fields that are SamplingParams fields of the same name, on both endpoints (the first nine are
-# OpenAI's, the others the extensions vLLM's server accepts in the body).
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-                   "frequency_penalty", "logit_bias",
-                   "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-                   "skip_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens",
-                   "allowed_token_ids", "bad_words", "guided_choice")
+# Body fields that are SamplingParams fields of the same name, on both endpoints: OpenAI's, and the extensions
+# vLLM's server accepts in the body (SamplingParams declares which).
+SAMPLING_FIELDS = tuple(f.name for f in sampling_fields(OPENAI))
 ENDPOINT_FIELDS = {CHAT_URL: ("messages", "max_completion_tokens", "logprobs", "top_logprobs"),
                    COMPLETIONS_URL: ("prompt", "logprobs")}
 # Fields accepted only at values that change nothing (a streamed or echoed answer has no place in a batch file).
