@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Iterator, Sequence as Seq, Union
+from typing import Iterable, Iterator, Sequence as Seq, Union
 
 from ms_atb import memory_budget
 from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_device, parse_size
@@ -217,17 +217,24 @@ class LLM:
         """Runs validated requests; yields (index, output) as each finishes. If the run fails
         or the caller stops early, the unfinished requests are dropped and the engine stays
         usable. For prompts and SamplingParams, use generate()."""
+        if not isinstance(requests, (list, tuple)):
+            raise ValueError(f"generate_iter() takes a list of requests, got {type(requests).__name__}")
         for request, out in self.stream(requests, use_tqdm):
             yield request.index, out
 
-    def stream(self, requests: list[Request], use_tqdm: bool = True) -> Iterator[tuple[Request, RequestOutput]]:
-        """generate_iter(), yielding each finished request itself (its tag included) with its output."""
-        if not isinstance(requests, (list, tuple)):
-            raise ValueError(f"generate_iter() takes a list of requests, got {type(requests).__name__}")
-        bad = next((r for r in requests if not isinstance(r, Request)), None)
-        if bad is not None:
-            raise ValueError(f"generate_iter() runs a list of requests made by LLM.make_request(), got "
-                             f"{type(bad).__name__}; generate() takes prompts")
+    def stream(self, requests: Iterable[Request], use_tqdm: bool = True, window: int | None = None,
+               total: int | None = None) -> Iterator[tuple[Request, RequestOutput]]:
+        """generate_iter(), yielding each finished request itself (its tag included) with its output. requests
+        may be any iterable: with window, at most that many of its requests are taken ahead of their outputs
+        (a run over a generator then holds a bounded number of requests); total: the progress bar's length."""
+        if isinstance(requests, (list, tuple)):
+            bad = next((r for r in requests if not isinstance(r, Request)), None)
+            if bad is not None:
+                raise ValueError(f"generate_iter() runs a list of requests made by LLM.make_request(), got "
+                                 f"{type(bad).__name__}; generate() takes prompts")
+            total = len(requests)
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be None or an int >= 1, got {window!r}")
         if self.runner is None:
             raise ValueError("this engine's model is not built yet (LLM.prepare): call build() first")
         if self._iterating:     # one scheduler: a nested run would take the open run's requests as its own
@@ -235,7 +242,7 @@ class LLM:
                              "calling generate(), chat(), beam_search() or generate_iter() again")
         self._iterating = True
         try:
-            steps = self._steps(requests, use_tqdm and self.rank == 0)
+            steps = self._steps(requests, use_tqdm and self.rank == 0, window, total)
             try:
                 while True:
                     with interrupts_raise():      # Ctrl-C in engine work: KeyboardInterrupt, not a killed process
@@ -249,46 +256,38 @@ class LLM:
         finally:
             self._iterating = False
 
-    def _steps(self, requests: list[Request], progress: bool) -> Iterator[tuple[Request, RequestOutput]]:
-        """The run: requests admitted, then engine steps until every one is done; each output as it is made."""
+    def _steps(self, requests: Iterable[Request], progress: bool, window: int | None, total: int | None
+               ) -> Iterator[tuple[Request, RequestOutput]]:
+        """The run: requests admitted (all at once, or up to window ahead of their outputs), engine steps until
+        every one is done; each output as it is made."""
         engine, start = self.engine, time.perf_counter()
         processor = OutputProcessor(self.tokenizer, deduplicate=engine.policy == "prefix")
         engine.begin_run()
+        admit = _Admission(self, requests, processor, window)
         bar = None
         try:
-            self._admit(requests, processor, start)
-            bar = progress_bar(len(requests), progress, "req", "generate")
+            admit.fill(start)
+            bar = progress_bar(total, progress, "req", "generate")
             while engine.has_unfinished():
                 out = engine.step()
-                finished = out.finished + engine.finish(processor.add_tokens(out.sampled), "stop", time.perf_counter())
+                now = time.perf_counter()
+                finished = out.finished + engine.finish(processor.add_tokens(out.sampled), "stop", now)
                 engine.release(finished)
                 for request, output in processor.finish(finished):
+                    admit.in_flight -= 1
                     if bar is not None:
                         tokens = engine.num_sampled_tokens + processor.num_copied_tokens
                         bar.update(1)
                         bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):.1f} tok/s", refresh=False)
                     yield request, output
+                admit.fill(now)
         finally:
             if bar is not None:
                 bar.close()
             elapsed = max(time.perf_counter() - start, 1e-9)
             tokens = engine.num_sampled_tokens + processor.num_copied_tokens
-            usage = engine.usage
             self._run_stats = {"tokens_per_s": tokens / elapsed, "num_output_tokens": tokens, "elapsed_s": elapsed,
-                               "num_deduplicated": processor.num_deduplicated,
-                               "kv_cache_usage_mean": sum(usage) / len(usage) if usage else 0.0,
-                               "kv_cache_usage_peak": max(usage) if usage else 0.0}
-
-    def _admit(self, requests: list[Request], processor: OutputProcessor, now: float) -> None:
-        """Every request to the output processor first (a reused id fails before anything is queued), then the
-        ones it does not copy to the engine."""
-        computed = [r for r in requests if processor.add(r)]
-        stops, seed = self.stop_token_ids, [self.config.context.seed, self.input_processor.num_built]
-        for r in computed:
-            try:
-                self.engine.add(r, stops, seed + [r.index], now)
-            except ValueError as e:      # the scheduler changed since the request was made
-                raise ValueError(f"request {r.index}: {e}") from None
+                               "num_deduplicated": processor.num_deduplicated, **engine.usage_stats()}
 
     def beam_search(self, prompts, params, use_tqdm: bool = True):
         """Beam search (ms_atb.beam_search.BeamSearchParams); one BeamSearchOutput per prompt, in order."""
@@ -428,3 +427,41 @@ def _available_memory() -> int | None:
     """Bytes of memory this process may still take: the least of MemAvailable and its cgroup limits' headroom,
     or None where unknown."""
     return memory_budget.available_bytes()
+
+
+class _Admission:
+    """Takes a run's requests into the engine: a list all at once (every id checked before any is queued), any
+    other iterable up to `window` requests ahead of their outputs."""
+
+    def __init__(self, llm: LLM, requests: Iterable[Request], processor: OutputProcessor, window: int | None):
+        self.llm, self.processor = llm, processor
+        self.listed = isinstance(requests, (list, tuple))
+        self.source = iter(requests)
+        self.window = None if self.listed else window
+        self.in_flight = 0                  # requests taken whose output has not been yielded
+        self.stops = llm.stop_token_ids
+        self.seed = [llm.config.context.seed, llm.input_processor.num_built]
+
+    def fill(self, now: float) -> None:
+        if self.listed:
+            batch, self.listed = list(self.source), False
+            computed = [r for r in batch if self.processor.add(r)]     # a reused id fails before anything is queued
+            self.in_flight += len(batch)
+            for r in computed:
+                self._queue(r, now)
+            return
+        while self.window is None or self.in_flight < self.window:
+            r = next(self.source, None)
+            if r is None:
+                return
+            if not isinstance(r, Request):
+                raise ValueError(f"stream() runs requests made by LLM.make_request(), got {type(r).__name__}")
+            self.in_flight += 1
+            if self.processor.add(r):
+                self._queue(r, now)
+
+    def _queue(self, r: Request, now: float) -> None:
+        try:
+            self.llm.engine.add(r, self.stops, self.seed + [r.index], now)
+        except ValueError as e:      # the scheduler changed since the request was made
+            raise ValueError(f"request {r.index}: {e}") from None

@@ -27,7 +27,7 @@ import sys
 from ms_atb.batch import quiet
 from ms_atb.batch.job import BEAM_FIELDS, BatchJob
 from ms_atb.batch.output_file import OutputLock
-from ms_atb.batch.prompt_file import FORMATS, read_requests
+from ms_atb.batch.prompt_file import FORMATS, InputFile
 from ms_atb.sampling_params import CLI, sampling_fields
 from ms_atb.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, watch_signals
 
@@ -110,16 +110,13 @@ def main(argv=None) -> int:
 
 
 def generate(args) -> int:
-    """The job: its flags checked, then read -> validate -> shard -> run -> write -> merge (ms_atb/batch/job.py)."""
-    from ms_atb.worker.distributed import world_size_from_env
+    """The job: its flags checked, then read -> lock -> prepare -> validate -> shard -> run -> write -> merge
+    (ms_atb/batch/job.py)."""
     defaults = {k: v for k, v in vars(args).items() if k in SAMPLING_FLAGS and v is not None}
     job = BatchJob(args, defaults, parse_overrides(args.set), beam_params(args, defaults))
-    job.read()
     with contextlib.ExitStack() as held:
-        # One writer per output, locked before the output is read, cut or opened. Under msrun the
-        # writing rank (0) is known only once the engine is prepared: it locks then.
-        if world_size_from_env() is None:
-            held.enter_context(OutputLock(args.output))
+        job.read(held)
+        job.lock(held)
         job.prepare(held)
         job.validate()
         job.shard()
@@ -161,11 +158,12 @@ def beam_params(args, defaults: dict):
 def merge(args) -> int:
     """--merge: the output and its parts merged into the output; 0 when it holds every input id, else 1."""
     from ms_atb.batch import replicas
-    ids = [item.id for item in read_requests(args.input, skip_invalid=True)]
     if not replicas.part_paths(args.output):
         raise ValueError(f"--output {args.output!r} has no part files ({args.output}.part<k>-of-<n>) to merge")
-    with OutputLock(args.output):
-        result = replicas.merge(args.output, ids)
+    with InputFile(args.input, skip_invalid=True) as source, OutputLock(args.output):
+        result = replicas.merge(args.output, (item.id for item in source.items()))
+    if result is None:
+        raise ValueError(f"--output {args.output!r} is being merged by another process")
     print(f"[ms_atb] merged {result.num_written} results from {len(result.parts)} part files into {args.output}",
           file=sys.stderr)
     if result.missing:

@@ -24,6 +24,7 @@ import json
 import time
 import uuid
 
+from ms_atb.batch import json_line
 from ms_atb.batch.item import BatchItem, OpenAIEndpoint
 from ms_atb.sampling_params import MAX_LOGPROBS, OPENAI, is_int, sampling_fields
 
@@ -53,9 +54,11 @@ def error_item(lineno: int, message: str, code: str, custom_id: str | None = Non
 def parse_line(text: str, lineno: int, path: str) -> BatchItem:
     """One non-blank input line -> a request item or an error item (rule 1)."""
     try:
-        line = json.loads(text)
+        line = json_line.loads(text)
     except json.JSONDecodeError as e:
         return error_item(lineno, f"{path}:{lineno}: not valid JSON ({e.msg})", "invalid_json_line")
+    except ValueError as e:
+        return error_item(lineno, f"{path}:{lineno}: not valid here: {e}", "invalid_json_line")
     custom_id = line.get("custom_id") if isinstance(line, dict) else None
     if not isinstance(custom_id, str):
         got = json.dumps(custom_id) if isinstance(line, dict) else f"a JSON {type(line).__name__}"

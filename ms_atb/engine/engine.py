@@ -47,7 +47,7 @@ class Engine:
         self.token_bytes = token_bytes           # token id -> bytes, for guided choice
         self.samples: dict[str, EngineSample] = {}   # in flight, by sequence id
         self.failed = False          # a step failed after schedule() committed its blocks
-        self.usage: list[float] = []             # the pool's usage after each step since begin_run()
+        self._usage = [0, 0.0, 0.0]              # steps, sum and peak of the pool's usage since begin_run()
         self.num_sampled_tokens = 0
 
     # ---- limits: the input processor checks requests against them ------------------------
@@ -70,7 +70,12 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------
     def begin_run(self) -> None:
-        self.usage, self.num_sampled_tokens = [], 0
+        self._usage, self.num_sampled_tokens = [0, 0.0, 0.0], 0
+
+    def usage_stats(self) -> dict:
+        """The KV pool's mean and peak usage over the steps since begin_run()."""
+        steps, total, peak = self._usage
+        return {"kv_cache_usage_mean": total / steps if steps else 0.0, "kv_cache_usage_peak": peak}
 
     def add(self, request: Request, stop_token_ids: set[int], seed: list[int], now: float) -> list[EngineSample]:
         """The request's samples, made and queued. ignore_eos: no stop token of any kind ends it, neither EOS nor
@@ -141,7 +146,8 @@ class Engine:
         tokens = self._sample(step, rows, logits)          # [B], None where b did not sample
         now = time.perf_counter()
         out = StepOutput(finished=[self.samples[seq.request_id] for seq in self.scheduler.update(step, tokens, now)])
-        self.usage.append(self.scheduler.stats()["usage"])
+        usage = self.scheduler.stats()["usage"]
+        self._usage = [self._usage[0] + 1, self._usage[1] + usage, max(self._usage[2], usage)]
         for b in rows:
             sample = self.samples[step.request_ids[b]]
             out.sampled.append((sample, tokens[b]))

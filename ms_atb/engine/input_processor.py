@@ -6,6 +6,7 @@ scheduler's KV pool and max_model_len); it owns the request id counter and the c
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Union
 
 import numpy as np
@@ -13,6 +14,8 @@ import numpy as np
 from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.engine.request import Request
 from ms_atb.sampling_params import SamplingParams
+
+_SURROGATE = re.compile("[\ud800-\udfff]")   # what a str may hold and UTF-8 cannot encode
 
 # text, token ids (a list, tuple or 1-D integer array), or vLLM's {"prompt": text} / {"prompt_token_ids": ids}
 Prompt = Union[str, list[int], tuple[int, ...], np.ndarray, dict]
@@ -79,6 +82,10 @@ class InputProcessor:
             if isinstance(prompt, str):
                 if not prompt:
                     raise ValueError("the prompt is empty")
+                bad = _SURROGATE.search(prompt)
+                if bad is not None:
+                    raise ValueError(f"the prompt is not valid Unicode: a lone surrogate ({bad.group()!r}) at "
+                                     f"character {bad.start()}")
                 if self.tokenizer is None:
                     raise ValueError("this model has no tokenizer (no tokenizer.json or tokenizer.model in its "
                                      "directory, and no model.tokenizer set): pass token ids")

@@ -8,7 +8,9 @@ Rules:
   3. With deduplication (the prefix policy) a request identical to an earlier one of the run (prompt tokens and
      greedy SamplingParams, n == 1) is not computed: it gets a copy of that one's output. Sampling requests are
      never copied: each keeps its own seed.
-  4. An id may be used once per run, by a request or by one of its samples.
+  4. An id may be used once among the requests in flight, by a request or by one of its samples (a list given to
+     generate() is all in flight at once). A finished request leaves every table: a streamed run's memory does not
+     grow with its length.
 """
 from __future__ import annotations
 
@@ -79,10 +81,25 @@ class OutputProcessor:
                 continue
             del self.done[id(s.request)]
             out = _output(sorted(samples, key=lambda x: x[0].index))
+            duplicates = self._forget(s.request)
             yield s.request, out
-            for dup in self.duplicates_of.pop(id(s.request), ()):
+            for dup in duplicates:
                 self.num_copied_tokens += sum(len(c.token_ids) for c in out.outputs)
                 yield dup, copy_output(out, dup)
+
+    def _forget(self, request: Request) -> list[Request]:
+        """A finished request leaves the run's tables (so a streamed run holds only the requests in flight);
+        returns its duplicates, which finish with it."""
+        duplicates = self.duplicates_of.pop(id(request), [])
+        for r in (request, *duplicates):
+            self.request_ids.discard(r.request_id)
+        key = tuple(request.prompt_token_ids)
+        same_prompt = [r for r in self._computed.get(key, ()) if r is not request]
+        if same_prompt:
+            self._computed[key] = same_prompt
+        else:
+            self._computed.pop(key, None)
+        return duplicates
 
     def _append_text(self, s: EngineSample, token: int) -> bool:
         """Adds token's text; True if a stop string now ends the sample."""
