@@ -4,10 +4,11 @@ from mindspore.common.initializer import initializer
 import numpy as np
 from mindspore import nn, ops
 
-from ms_atb.models.gguf_reader import GGUFBlocks
-from ms_atb.models.llama_config import LlamaConfig, rope_inv_freq, rope_tables
+from ms_atb.formats.gguf_reader import GGUFBlocks
+from ms_atb.formats.llama_config import LlamaConfig, rope_inv_freq, rope_tables
+from ms_atb.formats.sharding import num_kv_heads_per_rank
 from ms_atb.models.llama_layers import RMSNorm, LlamaDecoderLayer
-from ms_atb.models.parallel import ColumnParallelLinear, num_kv_heads_per_rank
+from ms_atb.models.parallel import ColumnParallelLinear
 from ms_atb.ops import LastTokenNorm
 
 __all__ = ["LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq", "rope_tables"]
@@ -23,7 +24,7 @@ class LlamaForCausalLM(nn.Cell):
                  cache_dtype=None, weight_formats: dict | None = None, activation_dtype: str = "float32"):
         """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype.
         weight_formats: {HF weight name: quantized format} of the linears kept quantized (CPU, float32 only;
-        models/weight_formats.py), the others float; lm_head's under "lm_head.weight".
+        ms_atb/formats/weight_formats.py), the others float; lm_head's under "lm_head.weight".
         activation_dtype (model.activation_dtype): "int8" quantizes the inputs of the quantized linears."""
         super().__init__()
         formats = weight_formats or {}

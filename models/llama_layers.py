@@ -4,9 +4,9 @@ from mindspore.common.initializer import initializer
 import numpy as np
 from mindspore import nn, ops
 
-from ms_atb.models.llama_config import LlamaConfig
-from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
-                                    num_kv_heads_per_rank)
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.sharding import num_heads_per_rank, num_kv_heads_per_rank
+from ms_atb.models.parallel import ColumnParallelLinear, RowParallelLinear
 from ms_atb.ops import (AddRmsNorm, CachedAttention, DecoderLayer, PagedAttention, ReshapeAndCache, RmsNorm,
                         RotaryEmbedding, SwiGlu)
 from ms_atb.ops.backends import resolve_backend

@@ -46,9 +46,9 @@ class LLM:
         if default_policy not in POLICIES:
             raise ValueError(f"default_policy must be one of {list(POLICIES)}, got {default_policy!r}")
         self.default_policy = default_policy
-        from ms_atb.models.loader import generation_eos_ids, load_config
-        from ms_atb.models.weight_formats import weight_formats
-        from ms_atb.models.parallel import validate_tp
+        from ms_atb.formats.loader import generation_eos_ids, load_config
+        from ms_atb.formats.weight_formats import weight_formats
+        from ms_atb.formats.sharding import validate_tp
         from ms_atb.worker.model_runner import kv_cache_bytes_per_block
         from ms_atb.text.tokenizer import load_tokenizer
 

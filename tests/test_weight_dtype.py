@@ -8,9 +8,11 @@ import pytest
 import numpy_llama as nl
 from ms_atb import memory_budget
 from ms_atb.config import EngineConfig
-from ms_atb.models import loader
-from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
-from ms_atb.models.weight_formats import weight_formats
+from ms_atb.formats import loader
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.weight_formats import weight_formats
+from ms_atb.models.llama import LlamaForCausalLM
+from ms_atb.models.weights import iter_weights
 
 BS, NB, T_PAD = 4, 32, 16
 TOKENS = [3, 200, 17, 45, 99, 1, 250, 64, 8, 120, 33]
@@ -129,7 +131,7 @@ def test_quantized_as_stored_equals_float32_dequantisation(gguf_model):
     path, config, held = gguf_model
     formats, _ = weight_formats(path, config, "auto")
     model = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
-    model.load_weights(loader.iter_weights(path, config, formats=formats))
+    model.load_weights(iter_weights(path, config, formats=formats))
     assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8
     got = logits(model, TOKENS)
     # The reference multiplies layer 1's q/k/v as the model holds them: Q8_0 of the dequantised values.
@@ -175,10 +177,10 @@ def test_a_float16_model_keeps_its_linears_quantized_on_the_cpu(gguf_model):
     path, config, held = gguf_model
     formats, _ = weight_formats(path, config, "auto")
     model = LlamaForCausalLM(config, NB, BS, dtype=dtype, weight_formats=formats)
-    model.load_weights(loader.iter_weights(path, config, formats=formats))
+    model.load_weights(iter_weights(path, config, formats=formats))
     assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8 and model.embed_tokens.dtype == dtype
     full = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
-    full.load_weights(loader.iter_weights(path, config, formats=formats))
+    full.load_weights(iter_weights(path, config, formats=formats))
     got, ref = logits(model, TOKENS), logits(full, TOKENS)
     assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
     assert int(np.argmax(got)) == int(np.argmax(ref))
@@ -243,7 +245,7 @@ def test_int8_activations_on_the_gguf_model(gguf_model):
     models = {}
     for act in ("float32", "int8"):
         models[act] = LlamaForCausalLM(config, NB, BS, weight_formats=formats, activation_dtype=act)
-        models[act].load_weights(loader.iter_weights(path, config, formats=formats))
+        models[act].load_weights(iter_weights(path, config, formats=formats))
     dot = models["int8"].layers[0].mlp.down_proj
     assert dot.activations == "int8" and dot.quant_matmul.activations == "int8"
     assert dot.weight.dtype == ms.uint8 and models["float32"].layers[0].mlp.down_proj.weight.dtype == ms.int8

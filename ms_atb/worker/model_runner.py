@@ -18,10 +18,12 @@ import mindspore as ms
 import numpy as np
 
 from ms_atb.config import parse_device
-from ms_atb.models import loader
-from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
-from ms_atb.models.parallel import num_kv_heads_per_rank
-from ms_atb.models.weight_formats import weight_formats
+from ms_atb.formats import loader
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.sharding import num_kv_heads_per_rank
+from ms_atb.formats.weight_formats import weight_formats
+from ms_atb.models import weights
+from ms_atb.models.llama import LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.worker.graph_call import GraphCall
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
@@ -144,11 +146,11 @@ class ModelRunner:
         from ms_atb.worker.weight_cache import WeightCache
         read = loader.model_kind(self.model_path)[0] != "random"     # computed weights are not kept
         cache = WeightCache(cache_root(compile_cache), self._weight_key_parts() if read else None)
-        weights = self.model.weight_parameters()
-        if not cache.load(weights):
-            self.model.load_weights(loader.iter_weights(self.model_path, self.model_config, self.tp_size,
-                                                        self.tp_rank, dtype=np.float32, formats=self.weight_formats))
-            cache.save(weights)
+        params = self.model.weight_parameters()
+        if not cache.load(params):
+            self.model.load_weights(weights.iter_weights(self.model_path, self.model_config, self.tp_size,
+                                                         self.tp_rank, dtype=np.float32, formats=self.weight_formats))
+            cache.save(params)
         return cache
 
     def _bucket(self, num_tokens: int) -> int:

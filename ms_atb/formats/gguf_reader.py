@@ -15,8 +15,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ms_atb.models import families
-from ms_atb.models.gguf_file import GGUFArray, GGUFFile
+from ms_atb.formats import families
+from ms_atb.formats.gguf_file import GGUFArray, GGUFFile
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -40,7 +40,10 @@ _GLOBAL_NAMES = {
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-KEPT_TYPES = ("q8_0", "q4_0", "q4_1")       # GGUF block types multiplied as stored (ops/quant_matmul.cc)
+# Bytes of a block of 32 values of each GGUF type the CPU kernels multiply as stored (ops/quant_matmul.cc, whose
+# packing reads rows of these blocks); the same sizes as gguf.GGML_QUANT_SIZES.
+GGUF_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+KEPT_TYPES = tuple(GGUF_BLOCK_BYTES)        # GGUF block types multiplied as stored
 FLOAT_TYPES = ("f32", "f16", "bf16", "f64")
 
 
