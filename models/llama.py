@@ -17,7 +17,7 @@ __all__ = ["LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq
 class LlamaForCausalLM(nn.Cell):
     """construct(input_ids [T], positions [T], slot_mapping [T], block_tables [B, MAXB], context_lens [B],
     query_start_loc [B+1]) -> logits [B, vocab] of each sequence's last scheduled token.
-    attention_backend: the KV-cache ops' backend for the device (ms_atb/ops/backends.py); None: its default."""
+    attention_backend: the KV-cache ops' backend for the device (ms_atb/attention_backends.py); None: its default."""
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
                  device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None,

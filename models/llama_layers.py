@@ -28,7 +28,7 @@ class RMSNorm(nn.Cell):
 
 
 class LlamaAttention(nn.Cell):
-    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/ops/backends.py); quantized: int8 caches."""
+    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/attention_backends.py); quantized: int8 caches."""
 
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False,
                  formats=("float32", "float32"), activations="float32"):

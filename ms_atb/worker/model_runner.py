@@ -24,6 +24,7 @@ from ms_atb.formats.sharding import num_kv_heads_per_rank
 from ms_atb.formats.weight_formats import weight_formats
 from ms_atb.models import weights
 from ms_atb.models.llama import LlamaForCausalLM, LlamaTokenLogits
+from ms_atb.ops.backends import resolve_backend
 from ms_atb.worker.graph_call import GraphCall
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
@@ -121,8 +122,7 @@ class ModelRunner:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ValueError(f"context.device {config.context.device!r}: this MindSpore {ms.__version__} cannot use it "
                                  f"({reason}); 'cpu' works with every build") from None
-        backend = config.kv_cache.attention_backend
-        self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
+        self.attention_backend = resolve_backend(device, config.kv_cache.attention_backend)
         self.weight_formats, _ = weight_formats(model_path, self.model_config, config.model.weight_dtype,
                                                 tp_size, device, config.model.activation_dtype)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
