@@ -66,13 +66,8 @@ class LLM:
         if self.max_model_len is None:           # unset: the model's own limit, at most DEFAULT_MAX_MODEL_LEN
             self.max_model_len = min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN,
                                      window or DEFAULT_MAX_MODEL_LEN)
-        elif max_pos and self.max_model_len > max_pos:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
-                             f"max_position_embeddings {max_pos}")
-        elif window and self.max_model_len > window:
-            # Attention runs over the whole context: a request must never outgrow the window.
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's sliding_window "
-                             f"{window}; set max_model_len <= {window}")
+        else:                                    # checked here once; the model runner takes it as checked
+            self.model_config.check_max_model_len(self.max_model_len)
         kv = cfg.kv_cache
         self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size,
                                                            cfg.model.dtype, tp, kv.cache_dtype)
@@ -135,7 +130,8 @@ class LLM:
         cfg = self.config
         t0 = time.perf_counter()
         with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
-            runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config)
+            runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config,
+                                 self.weight_formats)
             # Each bucket's graph is loaded or compiled when a step first needs it; precompile does all now.
             status = runner.open_graph_cache(cache_root(cfg.context.compile_cache))
             if cfg.context.precompile:

@@ -293,3 +293,27 @@ def test_engine_generates_with_int8_activations(tiny_llm):
     # Compiled graphs name the kernels: an on-disk graph of float32 activations is never reused for int8.
     assert llm.runner.graph_key_parts()["activation_dtype"] == "int8"
     assert tiny_llm.runner.graph_key_parts()["activation_dtype"] == "float32"
+
+
+def test_an_engine_build_chooses_weight_formats_and_checks_max_model_len_once(monkeypatch):
+    """LLM(...) decides the linears' formats and checks max_model_len against the model once, and its model runner
+    builds the model with those formats."""
+    from ms_atb import LLM
+    from ms_atb.formats import weight_formats as formats_module
+    from ms_atb.worker import model_runner
+    from engine_helpers import TINY_BUILD, TINY_CONFIG
+    calls = {"formats": 0, "max_model_len": 0}
+
+    def counted(fn, key):
+        def call(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return call
+    monkeypatch.setattr(formats_module, "weight_formats", counted(formats_module.weight_formats, "formats"))
+    monkeypatch.setattr(model_runner, "weight_formats", formats_module.weight_formats)
+    monkeypatch.setattr(LlamaConfig, "check_max_model_len",
+                        counted(LlamaConfig.check_max_model_len, "max_model_len"))
+    llm = LLM(TINY_CONFIG, weight_dtype="int8", **TINY_BUILD)
+    assert calls == {"formats": 1, "max_model_len": 1}
+    assert llm.runner.weight_formats is llm.weight_formats and set(llm.weight_formats.values()) == {"int8"}
+    assert llm.runner.model.lm_head.fmt == "int8"

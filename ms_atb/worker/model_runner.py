@@ -87,12 +87,14 @@ class ModelRunner:
     graph_call: GraphCall | None = None          # runs self.model's ready bucket graphs (see _graph_call)
 
     def __init__(self, config, num_blocks: int | None = None, max_model_len: int | None = None,
-                 tp_rank: int = 0, model_config=None):
+                 tp_rank: int = 0, model_config=None, formats: dict | None = None):
         """config: a validated EngineConfig (ms_atb/config.py): model.path and dtype, kv_cache.block_size,
         the scheduler's step caps, context.device, parallel.tensor_parallel_size (already checked against
         the model). num_blocks and max_model_len: as the engine resolved them (kv_cache.num_blocks may be
         "auto", model.max_model_len None); None takes the config's. model_config: the model's LlamaConfig
-        when the caller has loaded it already."""
+        when the caller has loaded it and checked max_model_len against it (LLM); None: both done here.
+        formats: the linears' weight formats the caller chose (ms_atb/formats/weight_formats.py); None: chosen
+        here."""
         model_path, device = config.model.path, config.context.device
         num_blocks = config.kv_cache.num_blocks if num_blocks is None else num_blocks
         max_model_len = config.model.max_model_len if max_model_len is None else max_model_len
@@ -102,10 +104,10 @@ class ModelRunner:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         device, device_id = parse_device(device)   # "npu:N" -> ("npu", N); None: msrun's or DEVICE_ID's
-        self.model_config = model_config or loader.load_config(model_path)
-        if max_model_len > self.model_config.max_position_embeddings:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
-                             f"{self.model_config.max_position_embeddings}")
+        if model_config is None:
+            model_config = loader.load_config(model_path)
+            model_config.check_max_model_len(max_model_len)
+        self.model_config = model_config
         self.dtype = _ms_dtype(config.model.dtype)
         self.cache_dtype = cache_ms_dtype(config.model.dtype, config.kv_cache.cache_dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -123,8 +125,10 @@ class ModelRunner:
                 raise ValueError(f"context.device {config.context.device!r}: this MindSpore {ms.__version__} cannot use it "
                                  f"({reason}); 'cpu' works with every build") from None
         self.attention_backend = resolve_backend(device, config.kv_cache.attention_backend)
-        self.weight_formats, _ = weight_formats(model_path, self.model_config, config.model.weight_dtype,
-                                                tp_size, device, config.model.activation_dtype)
+        if formats is None:
+            formats = weight_formats(model_path, self.model_config, config.model.weight_dtype, tp_size, device,
+                                     config.model.activation_dtype)[0]
+        self.weight_formats = formats
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
