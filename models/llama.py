@@ -4,10 +4,11 @@ from mindspore.common.initializer import initializer
 import numpy as np
 from mindspore import nn, ops
 
-from ms_atb.models.gguf_reader import GGUFBlocks
-from ms_atb.models.llama_config import LlamaConfig, rope_inv_freq, rope_tables
+from ms_atb.formats.gguf_reader import GGUFBlocks
+from ms_atb.formats.llama_config import LlamaConfig, rope_inv_freq, rope_tables
+from ms_atb.formats.sharding import num_kv_heads_per_rank
 from ms_atb.models.llama_layers import RMSNorm, LlamaDecoderLayer
-from ms_atb.models.parallel import ColumnParallelLinear, num_kv_heads_per_rank
+from ms_atb.models.parallel import ColumnParallelLinear
 from ms_atb.ops import LastTokenNorm
 
 __all__ = ["LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq", "rope_tables"]
@@ -16,14 +17,14 @@ __all__ = ["LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq
 class LlamaForCausalLM(nn.Cell):
     """construct(input_ids [T], positions [T], slot_mapping [T], block_tables [B, MAXB], context_lens [B],
     query_start_loc [B+1]) -> logits [B, vocab] of each sequence's last scheduled token.
-    attention_backend: the KV-cache ops' backend for the device (ops/backends.py); None: its default."""
+    attention_backend: the KV-cache ops' backend for the device (ms_atb/attention_backends.py); None: its default."""
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
                  device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None,
                  cache_dtype=None, weight_formats: dict | None = None, activation_dtype: str = "float32"):
         """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype.
         weight_formats: {HF weight name: quantized format} of the linears kept quantized (CPU, float32 only;
-        models/weight_formats.py), the others float; lm_head's under "lm_head.weight".
+        ms_atb/formats/weight_formats.py), the others float; lm_head's under "lm_head.weight".
         activation_dtype (model.activation_dtype): "int8" quantizes the inputs of the quantized linears."""
         super().__init__()
         formats = weight_formats or {}
@@ -141,64 +142,78 @@ class LlamaForCausalLM(nn.Cell):
         Parameter; a tied embedding also fills lm_head. A linear kept in a GGUF block format takes its parts as
         GGUFBlocks (rows of blocks, stacked in output order); a GGUFBlocks for a float target is dequantised."""
         targets = self._weight_targets()
-        pending = {}  # id(linear) -> (buffer [in, out], parts left)
-        parts = {}
-        for name, (param, offset, _) in targets.items():
+        parts = {}  # id(fused target) -> how many parts fill it
+        for param, offset, _ in targets.values():
             if offset is not None:
                 parts[id(param)] = parts.get(id(param), 0) + 1
-        seen = set()
+        pending, seen = {}, set()  # pending: id(fused target) -> (what its parts have filled, parts left)
         for name, array in weights:
-            if name not in targets:
-                if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                    continue  # some tied checkpoints store the copy too
-                raise ValueError(f"unexpected tensor {name!r} with shape {tuple(np.shape(array))}")
-            if name in seen:
-                raise ValueError(f"tensor {name!r} given twice")
-            param, offset, shape = targets[name]
-            if tuple(array.shape) != shape:
-                raise ValueError(f"tensor {name!r}: expected shape {shape}, found {tuple(array.shape)}")
+            if not self._expects(name, array, targets, seen):
+                continue
             seen.add(name)
+            param, offset, shape = targets[name]
             blocks = array if isinstance(array, GGUFBlocks) else None
             if blocks is not None and offset is None:      # the embedding: its gather reads float32
                 array = blocks.dequantize()
             elif blocks is not None and getattr(param, "fmt", None) != blocks.fmt:   # a float target
                 array, blocks = blocks.dequantize(), None
             if offset is None:
-                param.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
-                if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
-                    if blocks is not None and self.lm_head.fmt == blocks.fmt:
-                        self.lm_head.set_blocks(blocks.rows)
-                    else:
-                        self.lm_head.set_weight(array.T)
-                continue
-            if blocks is not None:               # rows of blocks, joined in output order when all have come
-                got, left = pending.get(id(param)) or ([], parts[id(param)])
-                got.append((offset, blocks.rows))
-                if left == 1:
-                    param.set_blocks(np.concatenate([r for _, r in sorted(got, key=lambda g: g[0])]))
-                    pending.pop(id(param), None)
-                else:
-                    pending[id(param)] = (got, left - 1)
-                continue
-            if isinstance(param, ms.Parameter):  # a slice of a fused 1-D Parameter (the q/k/v bias)
-                buf, left = pending.get(id(param)) or (np.empty(param.shape, np.float32), parts[id(param)])
-                buf[offset:offset + shape[0]] = array
+                self._set_whole(name, param, array, blocks)
             else:
-                buf, left = pending.get(id(param)) or (
-                    np.empty((param.in_features, param.out_features), np.float32), parts[id(param)])
-                buf[:, offset:offset + shape[0]] = array.T
-            if left == 1:
-                if isinstance(param, ms.Parameter):
-                    param.set_data(ms.Tensor(buf, self.dtype))
-                else:
-                    param.set_weight(buf)
-                pending.pop(id(param), None)
-            else:
-                pending[id(param)] = (buf, left - 1)
+                self._set_part(param, offset, shape, array, blocks, pending, parts[id(param)])
         missing = [n for n in targets if n not in seen]
         if missing:
             raise ValueError(f"missing tensor {missing[0]!r} (expected shape {targets[missing[0]][2]})"
                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+
+    def _expects(self, name: str, array, targets: dict, seen: set) -> bool:
+        """True for a tensor the model takes; False for one it skips (a tied model's lm_head copy); ValueError
+        for an unknown one, one given twice, or one of the wrong shape."""
+        if name not in targets:
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                return False  # some tied checkpoints store the copy too
+            raise ValueError(f"unexpected tensor {name!r} with shape {tuple(np.shape(array))}")
+        if name in seen:
+            raise ValueError(f"tensor {name!r} given twice")
+        shape = targets[name][2]
+        if tuple(array.shape) != shape:
+            raise ValueError(f"tensor {name!r}: expected shape {shape}, found {tuple(array.shape)}")
+        return True
+
+    def _set_whole(self, name: str, param, array, blocks) -> None:
+        """A whole Parameter (the embedding, a norm); a tied embedding also fills lm_head, as blocks when
+        lm_head keeps their format."""
+        param.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
+        if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
+            if blocks is not None and self.lm_head.fmt == blocks.fmt:
+                self.lm_head.set_blocks(blocks.rows)
+            else:
+                self.lm_head.set_weight(array.T)
+
+    def _set_part(self, param, offset: int, shape: tuple, array, blocks, pending: dict, num_parts: int) -> None:
+        """One part of a fused linear (its output columns from `offset`) or of the fused q/k/v bias; the target
+        is set when its last part has come."""
+        key = id(param)
+        if blocks is not None:               # rows of blocks, joined in output order when all have come
+            got, left = pending.get(key) or ([], num_parts)
+            got.append((offset, blocks.rows))
+        elif isinstance(param, ms.Parameter):  # a slice of a fused 1-D Parameter (the q/k/v bias)
+            got, left = pending.get(key) or (np.empty(param.shape, np.float32), num_parts)
+            got[offset:offset + shape[0]] = array
+        else:                                # [in, out]
+            got, left = pending.get(key) or (np.empty((param.in_features, param.out_features), np.float32),
+                                             num_parts)
+            got[:, offset:offset + shape[0]] = array.T
+        if left > 1:
+            pending[key] = (got, left - 1)
+            return
+        pending.pop(key, None)
+        if blocks is not None:
+            param.set_blocks(np.concatenate([r for _, r in sorted(got, key=lambda g: g[0])]))
+        elif isinstance(param, ms.Parameter):
+            param.set_data(ms.Tensor(got, self.dtype))
+        else:
+            param.set_weight(got)
 
 
 class LlamaTokenLogits(nn.Cell):

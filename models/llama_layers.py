@@ -4,9 +4,9 @@ from mindspore.common.initializer import initializer
 import numpy as np
 from mindspore import nn, ops
 
-from ms_atb.models.llama_config import LlamaConfig
-from ms_atb.models.parallel import (ColumnParallelLinear, RowParallelLinear, num_heads_per_rank,
-                                    num_kv_heads_per_rank)
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.sharding import num_heads_per_rank, num_kv_heads_per_rank
+from ms_atb.models.parallel import ColumnParallelLinear, RowParallelLinear
 from ms_atb.ops import (AddRmsNorm, CachedAttention, DecoderLayer, PagedAttention, ReshapeAndCache, RmsNorm,
                         RotaryEmbedding, SwiGlu)
 from ms_atb.ops.backends import resolve_backend
@@ -28,7 +28,7 @@ class RMSNorm(nn.Cell):
 
 
 class LlamaAttention(nn.Cell):
-    """attention_backend: the KV-cache ops' backend, a plain string (ops/backends.py); quantized: int8 caches."""
+    """attention_backend: the KV-cache ops' backend, a plain string (ms_atb/attention_backends.py); quantized: int8 caches."""
 
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None, quantized=False,
                  formats=("float32", "float32"), activations="float32"):

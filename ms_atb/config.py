@@ -15,15 +15,12 @@ from typing import Any, Union
 
 import yaml
 
+from ms_atb.attention_backends import ATTENTION_BACKENDS, DEVICE_BACKENDS
 from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import ALLOCATIONS
 from ms_atb.sampling_params import CONFIG, SamplingParams, sampling_fields
 
 DEVICES = ("cpu", "npu", "npu:N")          # npu: the device msrun or DEVICE_ID assigns; npu:N: device id N
-# The attention backends each device allows ("auto" first: cpu on the CPU, ms_atb on npu); the ops'
-# own table is ops/backends.py (config stays free of MindSpore imports; a test keeps them equal).
-DEVICE_BACKENDS = {"cpu": ("auto", "cpu", "ascendc"), "npu": ("auto", "ms_atb", "mindspore")}
-ATTENTION_BACKENDS = ("auto", "ms_atb", "mindspore", "cpu", "ascendc")
 DTYPES = ("float32", "float16", "bfloat16")
 CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8")   # auto: the model's dtype
 # auto: a GGUF's Q8_0/Q4_0/Q4_1 linears as stored, other quantized types as Q8_0, float weights in float32;
@@ -245,9 +242,9 @@ class EngineConfig:
         _choice("kv_cache.allocation", kv.allocation, ALLOCATIONS)
         _choice("scheduler.policy", sc.policy, ("auto",) + POLICIES)
         _choice("kv_cache.attention_backend", kv.attention_backend, ATTENTION_BACKENDS)
-        if kv.attention_backend not in DEVICE_BACKENDS[kind]:
+        if kv.attention_backend not in ("auto", *DEVICE_BACKENDS[kind]):
             raise ValueError(f"kv_cache.attention_backend {kv.attention_backend!r} does not run on context.device "
-                             f"{self.context.device!r}; allowed there: {list(DEVICE_BACKENDS[kind])}")
+                             f"{self.context.device!r}; allowed there: {['auto', *DEVICE_BACKENDS[kind]]}")
         if kv.attention_backend == "ascendc" and m.dtype == "float32":
             raise ValueError("kv_cache.attention_backend 'ascendc' runs float16 and bfloat16 caches: set model.dtype "
                              "float16, or use attention_backend 'cpu' for float32")

@@ -51,9 +51,9 @@ class LLM:
         if default_policy not in POLICIES:
             raise ValueError(f"default_policy must be one of {list(POLICIES)}, got {default_policy!r}")
         self.default_policy = default_policy
-        from ms_atb.models.loader import generation_eos_ids, load_config
-        from ms_atb.models.weight_formats import weight_formats
-        from ms_atb.models.parallel import validate_tp
+        from ms_atb.formats.loader import generation_eos_ids, load_config
+        from ms_atb.formats.weight_formats import weight_formats
+        from ms_atb.formats.sharding import validate_tp
         from ms_atb.text.tokenizer import load_tokenizer
 
         if device is not None:                   # None: the config's context.device
@@ -90,18 +90,13 @@ class LLM:
 
     def _max_model_len(self) -> int:
         """model.max_model_len, or when unset the model's own limit, at most DEFAULT_MAX_MODEL_LEN; ValueError when
-        it exceeds the model's max_position_embeddings or sliding window."""
+        it exceeds the model's max_position_embeddings or sliding window (LlamaConfig.check_max_model_len)."""
         max_pos = getattr(self.model_config, "max_position_embeddings", None)
         window = getattr(self.model_config, "sliding_window", None)
         length = self.config.model.max_model_len
         if length is None:
             return min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN, window or DEFAULT_MAX_MODEL_LEN)
-        if max_pos and length > max_pos:
-            raise ValueError(f"max_model_len {length} exceeds the model's max_position_embeddings {max_pos}")
-        if window and length > window:
-            # Attention runs over the whole context: a request must never outgrow the window.
-            raise ValueError(f"max_model_len {length} exceeds the model's sliding_window {window}; set "
-                             f"max_model_len <= {window}")
+        self.model_config.check_max_model_len(length)     # checked here once; the model runner takes it as checked
         return length
 
     def _size_kv_pool(self) -> int:
@@ -161,7 +156,8 @@ class LLM:
         cfg = self.config
         t0 = time.perf_counter()
         with interrupts_raise():                 # the warmup runs graphs: Ctrl-C must not kill the process
-            runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config)
+            runner = ModelRunner(cfg, self.num_blocks, self.max_model_len, self.rank, self.model_config,
+                                 self.weight_formats)
             # Each bucket's graph is loaded or compiled when a step first needs it; precompile does all now.
             status = runner.open_graph_cache(cache_root(cfg.context.compile_cache))
             if cfg.context.precompile:

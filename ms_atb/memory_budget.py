@@ -8,7 +8,7 @@ Rules:
      parallel ranks (KV heads replicated past num_key_value_heads); the rest is replicated. On the CPU
      (`packed`) the linears are stored in float32 panels of 16 output columns (ops/matmul.py), padded, whatever
      the model's dtype (`itemsize`: the bytes of the other parameters); a linear kept
-     quantized (`formats`, models/weight_formats.py) holds its panels of blocks (ops/quant_matmul.py:
+     quantized (`formats`, ms_atb/formats/weight_formats.py) holds its panels of blocks (ops/quant_matmul.py:
      per 32 rows of k and 16 columns, QUANT_BLOCK_BYTES; int8 adds 16 float32 scales a panel).
   2. available_bytes is the least of /proc/meminfo's MemAvailable and the headroom of every memory cgroup
      limit between the process's cgroup and the root (v2: memory.max - memory.current; v1:

@@ -1,18 +1,11 @@
-"""Which kernels run the two KV-cache ops, per device: the attention backends.
-
-    cpu       our C++ kernels (ops/*.cc), on the CPU
-    ascendc   our AscendC kernels (ops/ascendc/op_kernel) on the CPU, through our implementation of the
-              Ascend C API subset; float16 and bfloat16, caches of the same type or int8
-    ms_atb    our AscendC kernels on Ascend, as the custom ops MsAtbPagedAttention / MsAtbReshapeAndCache
-              of the package scripts/build_ascend_ops.sh builds and installs
-    mindspore MindSpore's built-in PagedAttention / ReshapeAndCache, on Ascend
-    auto      cpu on the CPU, ms_atb on Ascend
+"""The attention backends as the ops resolve them (which backends run on which device is
+ms_atb/attention_backends.py's table), and the AscendC custom ops installed for Ascend.
 """
 import glob
 import os
 
-ATTENTION_BACKENDS = ("auto", "ms_atb", "mindspore", "cpu", "ascendc")
-DEVICE_BACKENDS = {"cpu": ("cpu", "ascendc"), "npu": ("ms_atb", "mindspore")}
+from ms_atb.attention_backends import ATTENTION_BACKENDS, DEVICE_BACKENDS
+
 BUILD_COMMAND = "ASCEND_HOME_PATH=<CANN path> bash scripts/build_ascend_ops.sh"
 
 

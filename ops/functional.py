@@ -4,7 +4,7 @@
     paged_attention(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale, backend=None)
     ascendc_tiling(op, **shape)       # the op_host tiling of the AscendC kernels for a shape
 
-backend: None (the device's default), or one of ops/backends.py's for the device ("cpu" or "ascendc" on
+backend: None (the device's default), or one of ms_atb/attention_backends.py's for the device ("cpu" or "ascendc" on
 the CPU, "ms_atb" or "mindspore" on Ascend).
 
 The caches' dtype is independent of the tokens' (float32, float16, bfloat16, or int8 with key_scale_cache and

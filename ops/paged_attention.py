@@ -15,7 +15,7 @@ class PagedAttention(nn.Cell):
     Sequence b owns query rows query_start_loc[b]:query_start_loc[b+1], the LAST tokens of its
     context_lens[b] tokens (their K/V must already be in the cache); causal; query head h reads
     kv head h // (H // KVH). Rows owned by no sequence come out zero; a sequence with an empty
-    query range is skipped. backend (ops/backends.py): on the CPU "cpu" (float32, float16 and bfloat16,
+    query range is skipped. backend (ms_atb/attention_backends.py): on the CPU "cpu" (float32, float16 and bfloat16,
     computed in float32) or "ascendc" (float16 and bfloat16, head_dim a multiple of 16); on Ascend
     "ms_atb" or "mindspore"; None: the device's default. With the "cpu" backend the caches' dtype may
     differ from the query's: their rows are converted to float32 as they are read.

@@ -11,12 +11,12 @@ at load: `activations` of pack_gguf / quantize_int8 / dequantize / QuantMatMul m
 """
 import numpy as np
 
+from ms_atb.formats.gguf_reader import GGUF_BLOCK_BYTES
 from ms_atb.ops.matmul import PanelMatMul
 
 PANEL = 16   # columns per panel
 BLOCK = 32   # rows of k per block
 FORMATS = ("q8_0", "q4_0", "q4_1", "int8")
-GGUF_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}       # a GGUF block of 32 values
 _BLOCK_BYTES = {"q8_0": 32 + 512, "q4_0": 32 + 256, "q4_1": 64 + 256, "int8": 512}   # per panel block
 _HEADER_BYTES = {"q8_0": 0, "q4_0": 0, "q4_1": 0, "int8": 64}
 _KERNELS = {"q8_0": "QuantMatMulQ8_0", "q4_0": "QuantMatMulQ4_0", "q4_1": "QuantMatMulQ4_1",

@@ -130,7 +130,7 @@ def run_ttft(llm, mode, prompts, num_blocks, block_size, system_len, repeats=1):
 def engine_for(args, cache_dtype, budget):
     """An engine whose KV pool in cache_dtype fills the same number of bytes."""
     from ms_atb import LLM
-    from ms_atb.models.loader import load_config
+    from ms_atb.formats.loader import load_config
     from ms_atb.config import EngineConfig
     from ms_atb.worker.model_runner import kv_cache_bytes_per_block
     cfg = EngineConfig.load(args.config)

@@ -92,10 +92,10 @@ def cli_on_tiny_engine(tiny_engine, monkeypatch):
                 config.context.device, config.parallel.tensor_parallel_size, tp_rank)
     shared = key(tiny_engine.config, TINY_BUILD["num_blocks"], tiny_engine.max_model_len, 0)
 
-    def runner(config, num_blocks=None, max_model_len=None, tp_rank=0, model_config=None):
+    def runner(config, num_blocks=None, max_model_len=None, tp_rank=0, model_config=None, formats=None):
         if key(config, num_blocks, max_model_len, tp_rank) == shared:
             return tiny_engine.runner
-        return real(config, num_blocks, max_model_len, tp_rank, model_config)
+        return real(config, num_blocks, max_model_len, tp_rank, model_config, formats)
 
     monkeypatch.setattr(model_runner, "ModelRunner", runner)
     return tiny_engine

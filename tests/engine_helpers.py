@@ -5,7 +5,8 @@ import functools
 import os
 
 from ms_atb.config import config_keys
-from ms_atb.models.loader import iter_weights, load_config
+from ms_atb.formats.loader import load_config
+from ms_atb.models.weights import iter_weights
 from numpy_llama import forward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from ms_atb.config import DEVICE_BACKENDS, EngineConfig, parse_device
+from ms_atb.attention_backends import DEVICE_BACKENDS
+from ms_atb.config import EngineConfig, parse_device
 from ms_atb.ops import PagedAttention, ReshapeAndCache, backends
 
 TINY = "configs/tiny_llama.yaml"
@@ -16,10 +17,19 @@ def load(**overrides):
     return EngineConfig.load({"model": {"path": "random:tiny-llama"}}, **overrides)
 
 
-def test_the_config_and_the_ops_allow_the_same_backends_per_device():
-    assert set(DEVICE_BACKENDS) == set(backends.DEVICE_BACKENDS)
-    for device, allowed in DEVICE_BACKENDS.items():
-        assert allowed == ("auto", *backends.DEVICE_BACKENDS[device])
+def test_one_table_drives_the_config_the_ops_and_the_model_runner(monkeypatch):
+    """ms_atb/attention_backends.py's table, changed, changes what the config allows, what the ops resolve and
+    the backend the model runner builds its model with."""
+    from ms_atb.worker.model_runner import ModelRunner
+    monkeypatch.setitem(DEVICE_BACKENDS, "cpu", ("ascendc", "cpu"))       # "auto" on the CPU: ascendc
+    with pytest.raises(ValueError, match=r"'ms_atb' does not run on context\.device 'cpu'; allowed there: "
+                                         r"\['auto', 'ascendc', 'cpu'\]"):
+        load(attention_backend="ms_atb")
+    assert backends.resolve_backend("cpu", "auto") == "ascendc" == ReshapeAndCache(device="cpu").backend
+    runner = ModelRunner(load(dtype="float16", num_blocks=4, max_model_len=64, max_num_batched_tokens=16), 4, 64)
+    assert runner.attention_backend == "ascendc"
+    assert {c.backend for _, c in runner.model.cells_and_names()
+            if isinstance(c, (PagedAttention, ReshapeAndCache))} == {"ascendc"}
 
 
 @pytest.mark.parametrize("device, backend, dtype", [

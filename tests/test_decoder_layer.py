@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import numpy_llama as nl
-from ms_atb.models import loader
-from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
-from ms_atb.models.weight_formats import weight_formats
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.weight_formats import weight_formats
+from ms_atb.models.llama import LlamaForCausalLM
+from ms_atb.models.weights import iter_weights
 from ms_atb.ops import build
 from ms_atb.ops.decoder_layer import LINEAR_KERNELS, DecoderLayer, linear_kind
 from test_weight_dtype import write_gguf
@@ -109,7 +110,7 @@ def test_gguf_blocks(gguf_path, activations, cache):
     path, config = gguf_path
     formats, _ = weight_formats(path, config, "auto", activation_dtype=activations)
     assert {formats[f"model.layers.1.{n}.weight"] for n in ("self_attn.o_proj", "mlp.down_proj")} == {"q4_0", "q4_1"}
-    assert_same_run(*pair(config, lambda: loader.iter_weights(path, config, formats=formats), weight_formats=formats,
+    assert_same_run(*pair(config, lambda: iter_weights(path, config, formats=formats), weight_formats=formats,
                           activation_dtype=activations, cache_dtype=cache))
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from ms_atb import LLM, SamplingParams
 from engine_helpers import with_buckets
-from ms_atb.models.loader import iter_weights, load_config
+from ms_atb.formats.loader import load_config
+from ms_atb.models.weights import iter_weights
 
 from family_files import read_family, write_gguf, write_mindformers_ckpt
 

@@ -6,8 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from ms_atb.models.llama import LlamaConfig
-from ms_atb.models.loader import expected_shapes, iter_weights, load_config
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.loader import expected_shapes, load_config
+from ms_atb.models.weights import iter_weights
 
 HF_CONFIG = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e4,

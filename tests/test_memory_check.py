@@ -57,7 +57,7 @@ def test_cgroup_v1_limit_and_its_unlimited_value(tmp_path):
 def test_weight_bytes_is_what_the_model_holds(tied):
     import mindspore as ms
     from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
-    from ms_atb.models.loader import PRESETS
+    from ms_atb.formats.loader import PRESETS
     config = LlamaConfig(**{**PRESETS["tiny-llama"], "tie_word_embeddings": tied, "vocab_size": 500})
     model = LlamaForCausalLM(config, num_blocks=4, block_size=16, dtype=ms.float32, device="cpu")
     held = sum(p.size for p in model.get_parameters() if "_cache." not in p.name)
@@ -84,12 +84,12 @@ def test_check_fits_names_weights_kv_and_what_there_is():
 
 def test_a_model_larger_than_memory_is_refused_before_any_weight_is_read(monkeypatch):
     import ms_atb.llm
-    import ms_atb.models.loader as loader
+    from ms_atb.models import weights
     from ms_atb.llm import LLM
 
     def no_read(*args, **kwargs):
         raise AssertionError("a weight was read")
-    monkeypatch.setattr(loader, "iter_weights", no_read)
+    monkeypatch.setattr(weights, "iter_weights", no_read)
     monkeypatch.setattr(ms_atb.llm, "_available_memory", lambda: 8 * GIB)
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=r"random:tiny-llama\?vocab_size=40000000' with 64 KV blocks needs "
@@ -98,6 +98,6 @@ def test_a_model_larger_than_memory_is_refused_before_any_weight_is_read(monkeyp
         LLM(TINY, path="random:tiny-llama?vocab_size=40000000", num_blocks=64)
     assert time.perf_counter() - t0 < 30
     monkeypatch.undo()
-    monkeypatch.setattr(loader, "iter_weights", no_read)
+    monkeypatch.setattr(weights, "iter_weights", no_read)
     with pytest.raises(ValueError, match=r"needs [\d.]+ GiB of memory \(weights [\d.]+ GiB"):    # this machine's memory
         LLM.prepare(TINY, path="random:tiny-llama?vocab_size=4000000000&hidden_size=512")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ms_atb import LLM, SamplingParams
-from ms_atb.models.loader import load_config
+from ms_atb.formats.loader import load_config
 from engine_helpers import with_buckets
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "families")
@@ -159,7 +159,7 @@ def test_bad_family_configs_name_the_key(tmp_path, change, match):
 
 
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path):
-    from ms_atb.models.loader import iter_weights
+    from ms_atb.models.weights import iter_weights
     shutil.copytree(os.path.join(DATA, "qwen3"), tmp_path / "m")
     d = json.loads((tmp_path / "m" / "config.json").read_text())
     (tmp_path / "m" / "config.json").write_text(json.dumps(dict(d, head_dim=16)))
@@ -172,7 +172,7 @@ def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path):
 
 
 def test_tp2_slices_biases_with_their_columns_and_replicates_qk_norms():
-    from ms_atb.models.loader import iter_weights
+    from ms_atb.models.weights import iter_weights
     for family in ("qwen2", "qwen3"):
         path = os.path.join(DATA, family)
         c = load_config(path)
@@ -189,11 +189,11 @@ def test_tp2_slices_biases_with_their_columns_and_replicates_qk_norms():
 
 
 def test_unknown_family_fails_before_any_weight_is_read(tmp_path, monkeypatch):
-    from ms_atb.models import loader
+    from ms_atb.models import weights
 
     def fail(*args, **kwargs):
         raise AssertionError("weights were read before the family was checked")
-    monkeypatch.setattr(loader, "iter_weights", fail)
+    monkeypatch.setattr(weights, "iter_weights", fail)
     shutil.copytree(os.path.join(DATA, "qwen2"), tmp_path / "m")
     d = json.loads((tmp_path / "m" / "config.json").read_text())
     (tmp_path / "m" / "config.json").write_text(json.dumps(dict(d, model_type="phi3")))

@@ -8,7 +8,7 @@ import pytest
 
 import numpy_llama as nl
 from ms_atb.worker.model_runner import kv_cache_bytes_per_block, token_buckets
-from ms_atb.models import loader
+from ms_atb.models.weights import iter_weights
 
 BS = 16
 
@@ -37,7 +37,7 @@ def runner(tiny_engine):
 
 @pytest.fixture(scope="module")
 def weights(runner):
-    return dict(loader.iter_weights(runner.model_path, runner.model_config))
+    return dict(iter_weights(runner.model_path, runner.model_config))
 
 
 def test_token_buckets():

@@ -13,7 +13,8 @@ import pytest
 
 from ms_atb import LLM, SamplingParams
 from ms_atb.worker.distributed import init_distributed
-from ms_atb.models import loader
+from ms_atb.formats import loader
+from ms_atb.models import weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -41,7 +42,7 @@ PROMPTS = prompts_with_shared_prefix(8)
 def no_weights(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("weights were read before the tensor-parallel size was checked")
-    monkeypatch.setattr(loader, "iter_weights", fail)
+    monkeypatch.setattr(weights, "iter_weights", fail)
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def test_safetensors_rank_reads_only_its_slices(tmp_path):
     from safetensors.numpy import save_file
     src = "random:tiny-llama?hidden_size=256&intermediate_size=4096&head_dim=64"
     config = loader.load_config(src)
-    save_file(dict(loader.iter_weights(src, config)), str(tmp_path / "model.safetensors"))
+    save_file(dict(weights.iter_weights(src, config)), str(tmp_path / "model.safetensors"))
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama",
@@ -85,7 +86,7 @@ def test_safetensors_rank_reads_only_its_slices(tmp_path):
     for tp in (1, 2):
         tracemalloc.start()
         base, total = tracemalloc.get_traced_memory()[0], 0
-        for name, w in loader.iter_weights(str(tmp_path), config, tp, 0):
+        for name, w in weights.iter_weights(str(tmp_path), config, tp, 0):
             total += w.nbytes
             del w
         peaks[tp], sizes[tp] = tracemalloc.get_traced_memory()[1] - base, total

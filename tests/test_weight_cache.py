@@ -26,7 +26,7 @@ def write_q4_1_gguf(path) -> None:
     """A tiny Llama GGUF with Q4_1 linears and embedding, as llama.cpp quantizes SmolLM2."""
     import gguf
     from gguf import quants
-    from ms_atb.models.loader import expected_shapes
+    from ms_atb.formats.loader import expected_shapes
     c, rng = CONFIG, np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), "llama")
     for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),

@@ -8,9 +8,11 @@ import pytest
 import numpy_llama as nl
 from ms_atb import memory_budget
 from ms_atb.config import EngineConfig
-from ms_atb.models import loader
-from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
-from ms_atb.models.weight_formats import weight_formats
+from ms_atb.formats import loader
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.weight_formats import weight_formats
+from ms_atb.models.llama import LlamaForCausalLM
+from ms_atb.models.weights import iter_weights
 
 BS, NB, T_PAD = 4, 32, 16
 TOKENS = [3, 200, 17, 45, 99, 1, 250, 64, 8, 120, 33]
@@ -129,7 +131,7 @@ def test_quantized_as_stored_equals_float32_dequantisation(gguf_model):
     path, config, held = gguf_model
     formats, _ = weight_formats(path, config, "auto")
     model = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
-    model.load_weights(loader.iter_weights(path, config, formats=formats))
+    model.load_weights(iter_weights(path, config, formats=formats))
     assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8
     got = logits(model, TOKENS)
     # The reference multiplies layer 1's q/k/v as the model holds them: Q8_0 of the dequantised values.
@@ -175,10 +177,10 @@ def test_a_float16_model_keeps_its_linears_quantized_on_the_cpu(gguf_model):
     path, config, held = gguf_model
     formats, _ = weight_formats(path, config, "auto")
     model = LlamaForCausalLM(config, NB, BS, dtype=dtype, weight_formats=formats)
-    model.load_weights(loader.iter_weights(path, config, formats=formats))
+    model.load_weights(iter_weights(path, config, formats=formats))
     assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8 and model.embed_tokens.dtype == dtype
     full = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
-    full.load_weights(loader.iter_weights(path, config, formats=formats))
+    full.load_weights(iter_weights(path, config, formats=formats))
     got, ref = logits(model, TOKENS), logits(full, TOKENS)
     assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
     assert int(np.argmax(got)) == int(np.argmax(ref))
@@ -243,7 +245,7 @@ def test_int8_activations_on_the_gguf_model(gguf_model):
     models = {}
     for act in ("float32", "int8"):
         models[act] = LlamaForCausalLM(config, NB, BS, weight_formats=formats, activation_dtype=act)
-        models[act].load_weights(loader.iter_weights(path, config, formats=formats))
+        models[act].load_weights(iter_weights(path, config, formats=formats))
     dot = models["int8"].layers[0].mlp.down_proj
     assert dot.activations == "int8" and dot.quant_matmul.activations == "int8"
     assert dot.weight.dtype == ms.uint8 and models["float32"].layers[0].mlp.down_proj.weight.dtype == ms.int8
@@ -291,3 +293,27 @@ def test_engine_generates_with_int8_activations(tiny_llm):
     # Compiled graphs name the kernels: an on-disk graph of float32 activations is never reused for int8.
     assert llm.runner.graph_key_parts()["activation_dtype"] == "int8"
     assert tiny_llm.runner.graph_key_parts()["activation_dtype"] == "float32"
+
+
+def test_an_engine_build_chooses_weight_formats_and_checks_max_model_len_once(monkeypatch):
+    """LLM(...) decides the linears' formats and checks max_model_len against the model once, and its model runner
+    builds the model with those formats."""
+    from ms_atb import LLM
+    from ms_atb.formats import weight_formats as formats_module
+    from ms_atb.worker import model_runner
+    from engine_helpers import TINY_BUILD, TINY_CONFIG
+    calls = {"formats": 0, "max_model_len": 0}
+
+    def counted(fn, key):
+        def call(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return call
+    monkeypatch.setattr(formats_module, "weight_formats", counted(formats_module.weight_formats, "formats"))
+    monkeypatch.setattr(model_runner, "weight_formats", formats_module.weight_formats)
+    monkeypatch.setattr(LlamaConfig, "check_max_model_len",
+                        counted(LlamaConfig.check_max_model_len, "max_model_len"))
+    llm = LLM(TINY_CONFIG, weight_dtype="int8", **TINY_BUILD)
+    assert calls == {"formats": 1, "max_model_len": 1}
+    assert llm.runner.weight_formats is llm.weight_formats and set(llm.weight_formats.values()) == {"int8"}
+    assert llm.runner.model.lm_head.fmt == "int8"

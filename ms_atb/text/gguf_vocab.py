@@ -12,7 +12,7 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from ms_atb.models.gguf_file import GGUFFile
+from ms_atb.formats.gguf_file import GGUFFile
 
 # llama.cpp token types
 TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6

@@ -149,7 +149,7 @@ def load_tokenizer(path: str, vocab_size: int | None = None) -> Tokenizer | None
     path = str(path)
     if path.startswith("random:"):
         if vocab_size is None:
-            from ms_atb.models.loader import load_config
+            from ms_atb.formats.loader import load_config
             vocab_size = load_config(path).vocab_size
         return ByteTokenizer(vocab_size)
     if os.path.isdir(path):
@@ -184,7 +184,7 @@ def _token_content(value) -> str | None:
 
 
 def _read_hf_config(path: str) -> dict:
-    from ms_atb.models.loader import read_json_object
+    from ms_atb.formats.loader import read_json_object
     cfg_path = os.path.join(path, "tokenizer_config.json")
     cfg = read_json_object(cfg_path, "the tokenizer") if os.path.isfile(cfg_path) else {}
     template = cfg.get("chat_template")

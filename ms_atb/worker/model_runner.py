@@ -18,10 +18,13 @@ import mindspore as ms
 import numpy as np
 
 from ms_atb.config import parse_device
-from ms_atb.models import loader
-from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM, LlamaTokenLogits
-from ms_atb.models.parallel import num_kv_heads_per_rank
-from ms_atb.models.weight_formats import weight_formats
+from ms_atb.formats import loader
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.sharding import num_kv_heads_per_rank
+from ms_atb.formats.weight_formats import weight_formats
+from ms_atb.models import weights
+from ms_atb.models.llama import LlamaForCausalLM, LlamaTokenLogits
+from ms_atb.ops.backends import resolve_backend
 from ms_atb.worker.graph_call import GraphCall
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
@@ -84,12 +87,14 @@ class ModelRunner:
     graph_call: GraphCall | None = None          # runs self.model's ready bucket graphs (see _graph_call)
 
     def __init__(self, config, num_blocks: int | None = None, max_model_len: int | None = None,
-                 tp_rank: int = 0, model_config=None):
+                 tp_rank: int = 0, model_config=None, formats: dict | None = None):
         """config: a validated EngineConfig (ms_atb/config.py): model.path and dtype, kv_cache.block_size,
         the scheduler's step caps, context.device, parallel.tensor_parallel_size (already checked against
         the model). num_blocks and max_model_len: as the engine resolved them (kv_cache.num_blocks may be
         "auto", model.max_model_len None); None takes the config's. model_config: the model's LlamaConfig
-        when the caller has loaded it already."""
+        when the caller has loaded it and checked max_model_len against it (LLM); None: both done here.
+        formats: the linears' weight formats the caller chose (ms_atb/formats/weight_formats.py); None: chosen
+        here."""
         model_path, device = config.model.path, config.context.device
         num_blocks = config.kv_cache.num_blocks if num_blocks is None else num_blocks
         max_model_len = config.model.max_model_len if max_model_len is None else max_model_len
@@ -99,10 +104,10 @@ class ModelRunner:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         device, device_id = parse_device(device)   # "npu:N" -> ("npu", N); None: msrun's or DEVICE_ID's
-        self.model_config = model_config or loader.load_config(model_path)
-        if max_model_len > self.model_config.max_position_embeddings:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
-                             f"{self.model_config.max_position_embeddings}")
+        if model_config is None:
+            model_config = loader.load_config(model_path)
+            model_config.check_max_model_len(max_model_len)
+        self.model_config = model_config
         self.dtype = _ms_dtype(config.model.dtype)
         self.cache_dtype = cache_ms_dtype(config.model.dtype, config.kv_cache.cache_dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -119,10 +124,11 @@ class ModelRunner:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ValueError(f"context.device {config.context.device!r}: this MindSpore {ms.__version__} cannot use it "
                                  f"({reason}); 'cpu' works with every build") from None
-        backend = config.kv_cache.attention_backend
-        self.attention_backend = ({"cpu": "cpu", "npu": "ms_atb"}[device] if backend == "auto" else backend)
-        self.weight_formats, _ = weight_formats(model_path, self.model_config, config.model.weight_dtype,
-                                                tp_size, device, config.model.activation_dtype)
+        self.attention_backend = resolve_backend(device, config.kv_cache.attention_backend)
+        if formats is None:
+            formats = weight_formats(model_path, self.model_config, config.model.weight_dtype, tp_size, device,
+                                     config.model.activation_dtype)[0]
+        self.weight_formats = formats
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
@@ -144,11 +150,11 @@ class ModelRunner:
         from ms_atb.worker.weight_cache import WeightCache
         read = loader.model_kind(self.model_path)[0] != "random"     # computed weights are not kept
         cache = WeightCache(cache_root(compile_cache), self._weight_key_parts() if read else None)
-        weights = self.model.weight_parameters()
-        if not cache.load(weights):
-            self.model.load_weights(loader.iter_weights(self.model_path, self.model_config, self.tp_size,
-                                                        self.tp_rank, dtype=np.float32, formats=self.weight_formats))
-            cache.save(weights)
+        params = self.model.weight_parameters()
+        if not cache.load(params):
+            self.model.load_weights(weights.iter_weights(self.model_path, self.model_config, self.tp_size,
+                                                         self.tp_rank, dtype=np.float32, formats=self.weight_formats))
+            cache.save(params)
         return cache
 
     def _bucket(self, num_tokens: int) -> int:

@@ -1,6 +1,6 @@
 """The one reader of GGUF files (llama.cpp's format, v2 and v3, little-endian): metadata and tensor index.
 
-Both the weights (models/gguf_reader.py) and the vocabulary (ms_atb/text/gguf_vocab.py) read GGUF through
+Both the weights (gguf_reader.py) and the vocabulary (ms_atb/text/gguf_vocab.py) read GGUF through
 this class. Rules it enforces, each broken one a ValueError that names the file and what is wrong:
   1. every count, length and offset fits in the bytes the file has: nothing is allocated or looped over
      for more items than the remaining bytes could hold;

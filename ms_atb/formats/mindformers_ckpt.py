@@ -1,4 +1,6 @@
 """MindSpore checkpoints with MindFormers' Llama and Qwen2 parameter names, and MindFormers YAML configs.
+The file itself is MindSpore's serialisation, read by MindSpore (models/weights.py); this module maps and
+slices the tensors it holds.
 
 MindFormers names (its HF -> MindSpore conversion, the same for Llama and for Qwen2 / Qwen2.5, which
 MindFormers runs as LlamaForCausalLM with `qkv_has_bias: True`) and their HF equivalents:
@@ -66,13 +68,15 @@ def _fused_parts(name: str, config) -> list | None:
             for part, a, b in zip(_FUSED[m.group(2)], bounds[:-1], bounds[1:])]
 
 
-def iter_ckpt(path: str, config, check_shapes, slices: dict):
-    """(hf_name, float32 array) of a .ckpt, sliced; the file is parsed once, tensors freed as yielded."""
-    import mindspore as ms
-    try:
-        params = ms.load_checkpoint(path, choice_func=lambda n: not n.startswith(_TRAINING))
-    except Exception as e:  # a corrupt or foreign file
-        raise ValueError(f"{path}: not a readable MindSpore checkpoint ({e})") from e
+def is_training_state(name: str) -> bool:
+    """True for optimizer state and training counters, which a reader skips."""
+    return name.startswith(_TRAINING)
+
+
+def iter_ckpt(path: str, params: dict, to_numpy, config, check_shapes, slices: dict):
+    """(hf_name, float32 array) of a .ckpt's tensors, sliced. params: {stored name: tensor} as MindSpore read
+    the file (models/weights.py), emptied as tensors are yielded so each is freed; to_numpy(tensor): its values
+    as a float32 array."""
     table, shapes = {}, {}  # hf_name -> (stored name, rows or None); hf_name -> shape
     for name, p in params.items():
         parts = _fused_parts(name, config)
@@ -89,10 +93,7 @@ def iter_ckpt(path: str, config, check_shapes, slices: dict):
     fused_left = {}
     for hf, sl in slices.items():
         stored, rows = table[hf]
-        p = params[stored]
-        if p.dtype == ms.bfloat16:
-            p = p.astype(ms.float32)
-        w = p.asnumpy()
+        w = to_numpy(params[stored])
         if rows is not None:
             w = w[rows[0]:rows[1]]
             fused_left[stored] = fused_left.get(stored, len(_fused_parts(stored, config))) - 1

@@ -60,6 +60,16 @@ class LlamaConfig:
             if kind not in _ROPE_KINDS:
                 raise ValueError(f"rope_scaling type {kind!r} not supported; allowed: {_ROPE_KINDS}")
 
+    def check_max_model_len(self, max_model_len: int) -> None:
+        """ValueError when max_model_len exceeds the positions the model has or its sliding window: attention
+        runs over the whole context, so a request must never outgrow the window."""
+        if max_model_len > self.max_position_embeddings:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
+                             f"{self.max_position_embeddings}")
+        if self.sliding_window is not None and max_model_len > self.sliding_window:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the model's sliding_window "
+                             f"{self.sliding_window}; set max_model_len <= {self.sliding_window}")
+
     @classmethod
     def from_hf_dict(cls, d: dict) -> "LlamaConfig":
         """From an HF config.json dict; unknown keys are kept in `extra`."""

@@ -15,8 +15,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ms_atb.models import families
-from ms_atb.models.gguf_file import GGUFArray, GGUFFile
+from ms_atb.formats import families
+from ms_atb.formats.gguf_file import GGUFArray, GGUFFile
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -40,7 +40,10 @@ _GLOBAL_NAMES = {
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-KEPT_TYPES = ("q8_0", "q4_0", "q4_1")       # GGUF block types multiplied as stored (ops/quant_matmul.cc)
+# Bytes of a block of 32 values of each GGUF type the CPU kernels multiply as stored (ops/quant_matmul.cc, whose
+# packing reads rows of these blocks); the same sizes as gguf.GGML_QUANT_SIZES.
+GGUF_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+KEPT_TYPES = tuple(GGUF_BLOCK_BYTES)        # GGUF block types multiplied as stored
 FLOAT_TYPES = ("f32", "f16", "bf16", "f64")
 
 
@@ -113,25 +116,7 @@ def config_dict(path: str) -> dict:
     if layers > len(names):
         raise ValueError(f"{path}: {arch}.block_count is {layers}, but the file holds only {len(names)} "
                          f"tensors")
-    tokens = r.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and not isinstance(tokens, GGUFArray):
-        raise ValueError(f"{path}: metadata tokenizer.ggml.tokens must be an array, got {tokens!r}")
-    vocab = len(tokens) if tokens is not None else need("vocab_size", minimum=1)
-    scaling = None
-    kind = r.get_str(f"{arch}.rope.scaling.type")
-    if kind not in (None, "none"):
-        scaling = {"rope_type": kind, "factor": float(need("rope.scaling.factor", r.get_float))}
-        orig = r.get_int(f"{arch}.rope.scaling.original_context_length", minimum=1)
-        if orig is not None:
-            scaling["original_max_position_embeddings"] = orig
-    if "rope_freqs.weight" in names:            # llama3 scaling as llama.cpp bakes it: a divisor per frequency
-        if scaling is not None:
-            raise ValueError(f"{path}: both {arch}.rope.scaling.type and a rope_freqs.weight tensor; "
-                             f"allowed: one of them")
-        from gguf import quants
-        data, qtype = r.raw("rope_freqs.weight")
-        factors = np.asarray(quants.dequantize(np.asarray(data), qtype), np.float64).reshape(-1)
-        scaling = {"rope_type": "freq_factors", "factors": [float(f) for f in factors]}
+    vocab, scaling = _vocab_size(r, path, need), _rope_scaling(r, arch, path, need)
     return dict(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -151,6 +136,34 @@ def config_dict(path: str) -> dict:
         bos_token_id=r.get_int("tokenizer.ggml.bos_token_id"),
         eos_token_id=r.get_int("tokenizer.ggml.eos_token_id"),
     )
+
+
+def _vocab_size(r: GGUFFile, path: str, need) -> int:
+    """The vocabulary's token count, else {arch}.vocab_size."""
+    tokens = r.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None and not isinstance(tokens, GGUFArray):
+        raise ValueError(f"{path}: metadata tokenizer.ggml.tokens must be an array, got {tokens!r}")
+    return len(tokens) if tokens is not None else need("vocab_size", minimum=1)
+
+
+def _rope_scaling(r: GGUFFile, arch: str, path: str, need) -> dict | None:
+    """LlamaConfig.rope_scaling from {arch}.rope.scaling.* or from a rope_freqs.weight tensor; None: neither."""
+    scaling = None
+    kind = r.get_str(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        scaling = {"rope_type": kind, "factor": float(need("rope.scaling.factor", r.get_float))}
+        orig = r.get_int(f"{arch}.rope.scaling.original_context_length", minimum=1)
+        if orig is not None:
+            scaling["original_max_position_embeddings"] = orig
+    if "rope_freqs.weight" in r.tensors:        # llama3 scaling as llama.cpp bakes it: a divisor per frequency
+        if scaling is not None:
+            raise ValueError(f"{path}: both {arch}.rope.scaling.type and a rope_freqs.weight tensor; "
+                             f"allowed: one of them")
+        from gguf import quants
+        data, qtype = r.raw("rope_freqs.weight")
+        factors = np.asarray(quants.dequantize(np.asarray(data), qtype), np.float64).reshape(-1)
+        scaling = {"rope_type": "freq_factors", "factors": [float(f) for f in factors]}
+    return scaling
 
 
 def tensor_shapes(path: str) -> dict:

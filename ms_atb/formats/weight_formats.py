@@ -1,12 +1,12 @@
 """Which linears the model keeps quantized (model.weight_dtype), decided from the checkpoint's metadata
-before any weight is read; models/loader.py then reads those linears' blocks as stored."""
+before any weight is read; the GGUF reader (gguf_reader.iter_tensors) then reads those linears' blocks as stored."""
 from __future__ import annotations
 
 import collections
 
-from ms_atb.models import gguf_reader
-from ms_atb.models.llama import LlamaConfig
-from ms_atb.models.loader import expected_shapes, model_kind
+from ms_atb.formats import gguf_reader
+from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.loader import expected_shapes, model_kind
 
 
 def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:

@@ -11,9 +11,10 @@ and seeded random presets.
     config beside it: `<stem>.yaml` (MindFormers YAML, `model.model_config`), else config.json (HF
     keys), else the directory's only *.yaml;
   - `random:<preset>[?seed=N&<LlamaConfig field>=value...]`: seeded random weights, nothing read.
-`iter_weights` yields HF-named tensors in HF layout ([out, in] for linears), one at a time, already
-sliced for the tensor-parallel rank; every name and shape is checked against the config first.
-models/weight_formats.py says which linears the model keeps quantized (model.weight_dtype).
+`iter_tensors` yields HF-named tensors in HF layout ([out, in] for linears), one at a time, already
+sliced for the tensor-parallel rank; every name and shape is checked against the config first. A .ckpt's
+tensors are read by MindSpore (models/weights.py, whose iter_weights serves every format).
+weight_formats.py says which linears the model keeps quantized (model.weight_dtype).
 """
 import dataclasses
 import glob
@@ -25,9 +26,8 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from ms_atb.models import families, gguf_reader, mindformers_ckpt
-from ms_atb.models.llama import LlamaConfig
-from ms_atb.models.parallel import shard_slice
+from ms_atb.formats import families, gguf_reader, mindformers_ckpt
+from ms_atb.formats.llama_config import LlamaConfig
 
 FORMATS = ("an HF directory (config.json + *.safetensors), a .gguf file, a MindSpore .ckpt "
            "(MindFormers names) with its config beside it, or random:<preset>[?seed=N] with preset "
@@ -217,49 +217,27 @@ def check_shapes(found: dict, config: LlamaConfig, source: str, optional=("lm_he
                          f"a checkpoint of this config holds only {len(want)} tensors")
 
 
-def iter_weights(path, config: LlamaConfig, tp_size: int = 1, tp_rank: int = 0,
-                 dtype=np.float32, formats: dict | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """(hf_name, array) for every weight the model needs, HF layout, sliced for tp_rank, one at a time.
-    formats: models/weight_formats.py's map; the GGUF weights it keeps in a GGUF block format come as
-    gguf_reader.GGUFBlocks (a tied lm_head's too: the embedding then comes as blocks)."""
-    kind, path = model_kind(path)
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise ValueError(f"weight dtype {dtype!r} not supported; allowed: float32, float16") from None
-    if dtype not in (np.float32, np.float16):
-        raise ValueError(f"weight dtype {dtype} not supported; allowed: float32, float16")
+def iter_tensors(kind: str, path: str, config: LlamaConfig, slices: dict,
+                 formats: dict | None = None) -> Iterator[tuple[str, object]]:
+    """(hf_name, float32 array) for every weight the model needs from a random preset, a GGUF file or an HF
+    directory (model_kind's kind and path), HF layout, each cut by slices[hf_name], one at a time; the names
+    and shapes are checked against the config first. A MindSpore .ckpt is MindSpore's to read
+    (models/weights.py). formats: weight_formats.py's map; the GGUF weights it keeps in a GGUF block format
+    come as gguf_reader.GGUFBlocks (a tied lm_head's too: the embedding then comes as blocks)."""
     shapes = expected_shapes(config)
-    slices = {n: shard_slice(n, s, config, tp_size, tp_rank) for n, s in shapes.items()}
     if kind == "random":
-        source = _random_weights(config, _parse_random(path)[1], slices)
-    elif kind == "gguf":
+        return _random_weights(config, _parse_random(path)[1], slices)
+    if kind == "gguf":
         check_shapes(gguf_reader.tensor_shapes(path), config, path)
         keep = {n: f for n, f in (formats or {}).items() if n in shapes and f in gguf_reader.KEPT_TYPES}
         head = (formats or {}).get("lm_head.weight")
         if config.tie_word_embeddings and head in gguf_reader.KEPT_TYPES:
             keep["model.embed_tokens.weight"] = head
-        source = gguf_reader.iter_tensors(path, list(shapes), slices, keep)
-    elif kind == "hf":
-        index = _safetensors_index(path)
-        check_shapes({n: s for n, (_, _, s) in index.items()}, config, path)
-        source = _iter_safetensors(index, list(shapes), slices)
-    else:
-        source = mindformers_ckpt.iter_ckpt(path, config, check_shapes, slices)
-    for name, w in source:
-        yield name, w if isinstance(w, gguf_reader.GGUFBlocks) or w.dtype == dtype else w.astype(dtype)
-
-
-def load_model(path, num_blocks: int, block_size: int, dtype=np.float32, device: str = "cpu",
-               tp_size: int = 1, tp_rank: int = 0):
-    """LlamaForCausalLM with its weights loaded from `path`."""
-    import mindspore as ms
-    from ms_atb.models.llama import LlamaForCausalLM
-    config = load_config(path)
-    ms_dtype = ms.float16 if np.dtype(dtype) == np.float16 else ms.float32
-    model = LlamaForCausalLM(config, num_blocks, block_size, ms_dtype, device, tp_size, tp_rank)
-    model.load_weights(iter_weights(path, config, tp_size, tp_rank, dtype))
-    return model
+        return gguf_reader.iter_tensors(path, list(shapes), slices, keep)
+    assert kind == "hf", f"{kind} files are read by models/weights.py"
+    index = _safetensors_index(path)
+    check_shapes({n: s for n, (_, _, s) in index.items()}, config, path)
+    return _iter_safetensors(index, list(shapes), slices)
 
 
 # ---------------------------------------------------------------- safetensors
