@@ -74,7 +74,8 @@ class LLM:
         if cfg.context.device == "cpu":
             self._check_memory()
         self.generation_eos_ids = generation_eos_ids(cfg.model.path)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        self.tokenizer = (load_tokenizer(cfg.model.tokenizer) if cfg.model.tokenizer else
+                          load_tokenizer(cfg.model.path, vocab_size=self.model_config.vocab_size))
         if self.tokenizer is not None:      # a model may pad its vocabulary past the tokenizer's
             self.tokenizer.pad_to(self.model_config.vocab_size)
         sc = cfg.scheduler
