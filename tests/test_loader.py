@@ -462,3 +462,51 @@ def test_the_kept_gguf_types_block_sizes_are_the_gguf_packages():
     assert KEPT_TYPES == tuple(GGUF_BLOCK_BYTES) and quant_matmul.GGUF_BLOCK_BYTES is GGUF_BLOCK_BYTES
     for fmt, nbytes in GGUF_BLOCK_BYTES.items():
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt.upper()]] == (32, nbytes)
+
+
+@pytest.mark.parametrize("patch, words", [
+    ({"hidden_size": 63, "num_attention_heads": 3, "num_key_value_heads": 3, "head_dim": None},
+     "head_dim must be even for RoPE, got 21 (hidden_size 63 / num_attention_heads 3"),
+    ({"vocab_size": 0}, "vocab_size must be a positive int"),
+    ({"eos_token_id": 10 ** 6}, "eos_token_id 1000000 is outside the vocabulary [0, vocab_size 256)"),
+    ({"eos_token_id": [1, 10 ** 6]}, "eos_token_id 1000000 is outside the vocabulary"),
+    ({"bos_token_id": -1}, "bos_token_id -1 is outside the vocabulary"),
+    ({"rope_scaling": {"rope_type": "weird"}}, "rope_scaling type 'weird' not supported"),
+    ({"num_key_value_heads": 3}, "must be a multiple of num_key_value_heads 3"),
+    ({"hidden_size": None}, "lacks ['hidden_size']"),
+    ({"num_hidden_layers": "2"}, "num_hidden_layers must be a positive int"),
+    ({"rms_norm_eps": -1}, "rms_norm_eps must be a finite number > 0"),
+])
+def test_every_bad_config_json_is_an_error_naming_the_file(tmp_path, patch, words):
+    import shutil
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "families", "llama3")
+    config = json.load(open(os.path.join(src, "config.json")))
+    for key, value in patch.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    shutil.copy(os.path.join(src, "model.safetensors"), tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as e:
+        load_config(str(tmp_path))
+    assert str(tmp_path / "config.json") in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_a_gguf_missing_a_tensor_is_a_value_error_naming_the_file_under_every_weight_dtype(tmp_path, monkeypatch):
+    import family_files
+    from ms_atb.formats.weight_formats import weight_formats
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "families", "llama3")
+    real = family_files.read_family
+
+    def without_one(folder):
+        config, weights = real(folder)
+        return config, {k: v for k, v in weights.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    monkeypatch.setattr(family_files, "read_family", without_one)
+    path = str(tmp_path / "m.gguf")
+    family_files.write_gguf(src, path, "llama")
+    config = load_config(path)
+    for dtype in ("auto", "float32", "int8"):
+        with pytest.raises(ValueError, match=r"m\.gguf: tensor model\.layers\.1\.mlp\.up_proj\.weight is missing"):
+            weight_formats(path, config, dtype, 1, "cpu", "float32")
+            dict(iter_weights(path, config))

@@ -133,9 +133,17 @@ def config_dict(path: str) -> dict:
         rope_interleaved=arch == "llama",
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
-        bos_token_id=r.get_int("tokenizer.ggml.bos_token_id"),
-        eos_token_id=r.get_int("tokenizer.ggml.eos_token_id"),
+        bos_token_id=_token_id(r, "bos", vocab, path),
+        eos_token_id=_token_id(r, "eos", vocab, path),
     )
+
+
+def _token_id(r: GGUFFile, name: str, vocab: int, path: str) -> int | None:
+    """tokenizer.ggml.<name>_token_id, which must name a token of the vocabulary."""
+    i = r.get_int(f"tokenizer.ggml.{name}_token_id")
+    if i is not None and not 0 <= i < vocab:
+        raise ValueError(f"{path}: tokenizer.ggml.{name}_token_id {i} is outside the vocabulary [0, {vocab})")
+    return i
 
 
 def _vocab_size(r: GGUFFile, path: str, need) -> int:

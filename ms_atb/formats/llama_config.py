@@ -54,7 +54,14 @@ class LlamaConfig:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
                              f"num_key_value_heads {self.num_key_value_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim} (hidden_size {self.hidden_size} / "
+                             f"num_attention_heads {self.num_attention_heads} unless head_dim is given)")
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            for token in (value if isinstance(value, list) else [] if value is None else [value]):
+                if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
+                    raise ValueError(f"{name} {token!r} is outside the vocabulary [0, vocab_size "
+                                     f"{self.vocab_size})")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in _ROPE_KINDS:

@@ -112,14 +112,17 @@ def load_config(path) -> LlamaConfig:
     kind, path = model_kind(path)
     if kind == "random":
         return LlamaConfig(**_parse_random(path)[0])
-    if kind == "gguf":
-        try:
+    file = path if kind != "hf" else os.path.join(path, "config.json")
+    try:
+        if kind == "gguf":
             return LlamaConfig(**gguf_reader.config_dict(path))
-        except ValueError as e:                 # LlamaConfig's own checks do not know the file
-            raise e if path in str(e) else ValueError(f"{path}: {e}") from None
-    if kind == "hf":
-        return _hf_config(read_json_object(os.path.join(path, "config.json"), "an HF model directory"))
-    return _ckpt_config(path)
+        if kind == "hf":
+            return _hf_config(read_json_object(file, "an HF model directory"))
+        return _ckpt_config(path)
+    except ValueError as e:                     # LlamaConfig's own checks do not know the file
+        if file in str(e) or (kind == "ckpt" and os.path.dirname(os.path.abspath(path)) in str(e)):
+            raise
+        raise ValueError(f"{file}: {e}") from None
 
 
 def read_json_object(path: str, what: str) -> dict:

@@ -63,6 +63,9 @@ def _formats(path, config: LlamaConfig, weight_dtype: str, tp_size: int, device:
     converted = collections.Counter()
     shapes = expected_shapes(config)
     for name, parts, sources in groups:
+        missing = next((s for s in sources if s not in types), None)
+        if missing is not None:
+            raise ValueError(f"{path}: tensor {missing} is missing (expected shape {shapes[missing]})")
         src = sorted({types[s] for s in sources})
         row_parallel = name.endswith(("o_proj", "down_proj")) and tp_size > 1
         k = shapes[sources[0]][1] // (tp_size if row_parallel else 1)
