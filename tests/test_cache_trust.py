@@ -231,6 +231,27 @@ def test_an_unrecorded_or_changed_graph_cache_is_compiled_afresh(tmp_path, tampe
     assert _warmup(tmp_path / "g").status == "loaded"
 
 
+def test_a_graph_changed_after_its_check_is_not_the_one_loaded(tmp_path, monkeypatch):
+    """The graphs MindSpore loads are the private copy written from the bytes whose digest was checked: a
+    graph changed in the cache right after the check is not what loads."""
+    first = _warmup(tmp_path / "g")
+    digest = graph_cache.tree_digest
+
+    def digest_then_change(folder, *args, **kwargs):
+        out = digest(folder, *args, **kwargs)
+        if Path(folder) == first.path:
+            (first.path / "compile_cache_0.mindir").write_text("other code")
+        return out
+
+    monkeypatch.setattr(graph_cache, "tree_digest", digest_then_change)
+    graph_cache._claimed_by_pid = None
+    cache, seen = GraphCache(str(tmp_path / "g"), {"model": "m"}).open(), []
+    cache.ensure(8, lambda b: seen.append(open(os.path.join(os.environ["MS_COMPILER_CACHE_PATH"],
+                                                            "compile_cache_0.mindir")).read()))
+    graph_cache._claimed_by_pid = None
+    assert cache.status == "loaded" and seen == ["graph"]
+
+
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
 def test_a_graph_cache_others_can_write_is_refused(tmp_path, mode):
     (tmp_path / "g").mkdir()
