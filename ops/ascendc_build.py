@@ -2,7 +2,9 @@
 Ascend C API subset (ops/ascendc/cpu_sim), into one shared library cached beside the C++ kernels.
 
 The cache key hashes every source of ops/ascendc, the compiler, the flags and the CPU, as build.py
-does for the C++ kernels; the build itself is build.compile_library (temporary file, then rename).
+does for the C++ kernels; the build itself is build.compile_library (temporary file, then rename). The
+cache is trusted and the library loaded as the C++ kernels' are (build.checked_library, build.load_checked,
+ops/trusted_cache.py).
 """
 import ctypes
 import functools
@@ -47,19 +49,29 @@ def cache_key(compiler: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def ascendc_library() -> str:
-    """Path of the compiled AscendC library (its file name contains `ascendc`), building it on first use."""
-    compiler = build.find_compiler()
-    target = build.cache_dir() / f"ms_atb_ascendc_{cache_key(compiler)}.so"
-    if target.exists() and build.is_complete_elf(target):
-        return str(target)
-    target.unlink(missing_ok=True)
+    """Path of the compiled AscendC library in the cache (its file name contains `ascendc`), building it on first
+    use."""
+    return str(build.checked_library(_stem(), _compile)[0])
+
+
+@functools.lru_cache(maxsize=None)
+def loaded_ascendc_library() -> str:
+    """Path of the AscendC library as this process loads it (build.load_checked); the path to give ctypes.CDLL
+    and ops.Custom."""
+    return build.load_checked(*build.checked_library(_stem(), _compile))
+
+
+def _stem() -> str:
+    return f"ms_atb_ascendc_{cache_key(build.find_compiler())}"
+
+
+def _compile(target) -> None:
     build.compile_library(target, INCLUDE_FLAGS, tuple(str(s) for s in SOURCES))
-    return str(target)
 
 
 @functools.lru_cache(maxsize=None)
 def _handle():
-    lib = ctypes.CDLL(ascendc_library())
+    lib = ctypes.CDLL(loaded_ascendc_library())
     for name in ("MsAtbPlanPagedAttention", "MsAtbPlanReshapeAndCache"):
         fn = getattr(lib, name)
         fn.argtypes = (ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64),
@@ -94,5 +106,5 @@ def aot_op(func_name: str, input_names: tuple, out_dtype):
     for i, name in enumerate(input_names):
         reg = reg.input(i, name)
     reg = reg.output(0, "out").dtype_format(*([DataType.None_None] * (len(input_names) + 1)))
-    return ops.Custom(f"{ascendc_library()}:{func_name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
+    return ops.Custom(f"{loaded_ascendc_library()}:{func_name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
                       reg_info=reg.target("CPU").get_op_info())

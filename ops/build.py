@@ -1,7 +1,8 @@
 """Compiles the C++ kernels of ops/ into one shared library, cached on disk.
 
 The cache is trusted as ops/trusted_cache.py says: its directory must be the user's own and closed
-to others' writes, and the library is loaded only if its sha256 is the one recorded when it was built.
+to others' writes, and the library is loaded only if its sha256 is the one recorded when it was built,
+from a copy of the very bytes checked (`loaded/` in the cache: loaded_kernel_library).
 The cache key hashes the sources, the compiler (path and version), the flags and the CPU
 (-march=native code only runs where it was built). Compilation goes to a temporary file that
 is renamed into place, so processes racing on one cache (msrun ranks) never see half a file.
@@ -17,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ms_atb.ops.trusted_cache import file_digest, private_dir, record_digest, recorded_digest
+from ms_atb.ops import trusted_cache
+from ms_atb.ops.trusted_cache import private_dir, read_checked, read_file, record_digest, sweep_dead_temps
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("cached_attention.cc", "decoder_layer.cc", "elementwise.cc", "matmul.cc", "paged_attention.cc",
@@ -27,6 +29,7 @@ HEADERS = ("attention_rows.h", "dtype.h", "fast_math.h", "gemm_tile.h", "kernel_
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-fno-trapping-math", "-pthread")
 STALE_BUILD_S = 3600   # a temporary library this old belongs to a build that died
+KERNEL_CACHE = "the kernel cache (MS_ATB_KERNEL_CACHE)"
 
 
 def cache_dir() -> Path:
@@ -68,18 +71,37 @@ def cache_key(compiler: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def kernel_library() -> str:
-    """Path of the compiled kernel library, building it on first use."""
-    compiler = find_compiler()
-    folder = private_dir(cache_dir(), "the kernel cache (MS_ATB_KERNEL_CACHE)")
-    target = folder / f"ms_atb_kernels_{cache_key(compiler)}.so"
-    # Loaded only if it is the library this cache recorded building; anything else there (a torn
-    # copy, a planted file) is replaced by a fresh build, atomically, so a rank sharing the cache
-    # that already holds the path still finds a complete library.
-    if target.exists() and is_complete_elf(target) and recorded_digest(target) == file_digest(target):
-        return str(target)
-    compile_library(target)
-    record_digest(target, file_digest(target))
-    return str(target)
+    """Path of the compiled kernel library in the cache, building it on first use."""
+    return str(checked_library(f"ms_atb_kernels_{cache_key(find_compiler())}", compile_library)[0])
+
+
+@functools.lru_cache(maxsize=None)
+def loaded_kernel_library() -> str:
+    """Path of the kernel library as this process loads it (checked, then loaded: trusted_cache.load_library);
+    the path to give ctypes.CDLL and ops.Custom."""
+    return load_checked(*checked_library(f"ms_atb_kernels_{cache_key(find_compiler())}", compile_library))
+
+
+def checked_library(stem: str, build_it) -> tuple[Path, bytes]:
+    """`<kernel cache>/<stem>.so` and its bytes, read once: the library built there whose sha256 is the one
+    recorded; anything else there (a torn copy, a planted file) is replaced by build_it(path), a fresh build,
+    atomically, so a rank sharing the cache that already holds the path still finds a complete library."""
+    folder = private_dir(cache_dir(), KERNEL_CACHE)
+    sweep_dead_temps(folder)
+    target = folder / f"{stem}.so"
+    data = read_checked(target)
+    if data is None or not _complete_elf(data[:64], len(data)):
+        build_it(target)
+        data = read_file(target)
+        record_digest(target, hashlib.sha256(data).hexdigest())
+    return target, data
+
+
+def load_checked(target: Path, data: bytes) -> str:
+    """Loads `data`, the checked bytes of cached library `target`, from `loaded/<stem>.<sha256[:16]>.so` beside
+    it; returns that path."""
+    folder = private_dir(target.parent / "loaded", KERNEL_CACHE)
+    return trusted_cache.load_library(data, folder / f"{target.stem}.{hashlib.sha256(data).hexdigest()[:16]}.so")
 
 
 def is_complete_elf(path: Path) -> bool:
@@ -91,6 +113,11 @@ def is_complete_elf(path: Path) -> bool:
             size = os.fstat(f.fileno()).st_size
     except OSError:
         return False
+    return _complete_elf(head, size)
+
+
+def _complete_elf(head: bytes, size: int) -> bool:
+    """is_complete_elf on a file's first 64 bytes and its size."""
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
         return False
     order = "<" if head[5] == 1 else ">"
@@ -108,10 +135,10 @@ def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOUR
     extra_flags serve the tests, which build the AVX2 and portable paths on a CPU that has AVX-512."""
     compiler = find_compiler()
     target = Path(target)
-    private_dir(target.parent, "the kernel cache (MS_ATB_KERNEL_CACHE)")
+    private_dir(target.parent, KERNEL_CACHE)
     for stale in target.parent.glob("*.tmp.so"):    # left by builds killed midway; a build takes minutes
         try:
-            if time.time() - stale.stat().st_mtime > STALE_BUILD_S:
+            if time.time() - stale.lstat().st_mtime > STALE_BUILD_S:
                 stale.unlink()
         except OSError:
             pass
@@ -153,7 +180,7 @@ def aot_op(func_name: str, input_names: tuple, out_dtype, out_shape=None):
     primitive holds no per-call state, and a model has hundreds of calls of a dozen kernels (about 2 ms of
     CPU to create each).
     """
-    key = (kernel_library(), func_name, tuple(input_names), out_dtype, out_shape)
+    key = (loaded_kernel_library(), func_name, tuple(input_names), out_dtype, out_shape)
     if key not in _AOT_OPS:
         _AOT_OPS[key] = _new_aot_op(func_name, input_names, out_dtype, out_shape)
     return _AOT_OPS[key]
@@ -176,5 +203,5 @@ def _new_aot_op(func_name: str, input_names: tuple, out_dtype, out_shape):
         reg = reg.output(i, f"out{i}" if num_outputs > 1 else "out")
     reg = reg.dtype_format(*([DataType.None_None] * (len(input_names) + num_outputs)))
     reg_info = reg.target("CPU").get_op_info()
-    return ops.Custom(f"{kernel_library()}:{func_name}", out_shape=out_shape, out_dtype=out_dtype,
+    return ops.Custom(f"{loaded_kernel_library()}:{func_name}", out_shape=out_shape, out_dtype=out_dtype,
                       func_type="aot", reg_info=reg_info)

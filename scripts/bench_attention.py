@@ -33,7 +33,7 @@ class Kernel:
     """Calls the library's PagedAttention (or PagedAttentionQuant) the way MindSpore's aot launcher does."""
 
     def __init__(self, name="PagedAttention"):
-        self.fn = getattr(ctypes.CDLL(build.kernel_library()), name)
+        self.fn = getattr(ctypes.CDLL(build.loaded_kernel_library()), name)
         self.fn.restype = ctypes.c_int
 
     def __call__(self, *arrays, names=None):

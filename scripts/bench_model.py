@@ -42,7 +42,7 @@ def measured_peak_gflops() -> float:
     import ctypes
     from ms_atb.ops import build
     from ms_atb.ops.matmul import pack_weight
-    lib = ctypes.CDLL(build.kernel_library())
+    lib = ctypes.CDLL(build.loaded_kernel_library())
     rng = np.random.default_rng(0)
     m, k, n = 384, 1536, 3072
     x, w = rng.standard_normal((m, k), np.float32), pack_weight(rng.standard_normal((k, n), np.float32))

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from ascendc_gm_rule import gm_addr_uses
 from ms_atb.ops import ascendc_build, build
 
 KERNELS = r"""
@@ -217,3 +218,75 @@ def test_sync_all_orders_every_cores_work_and_is_reached_by_all(kernels):
     assert kernels.RunSync(1, ptr(slots), ptr(seen)) == 1
     assert re.search(r'rule "cross-core sync" broken: 1 of 4 cores ended without reaching the SyncAll',
                      kernels.MsAtbAscendcLastError().decode())
+
+
+# ---- the source check: global memory only through GlobalTensor (tests/ascendc_gm_rule.py) --------------
+
+_PLANTED = r"""
+#include "kernel_operator.h"
+using namespace AscendC;
+
+__aicore__ inline float Peek(uint8_t *p) { return p[0]; }
+__aicore__ inline void Two(GM_ADDR a, int n) {}
+
+class Op {
+ public:
+  __aicore__ inline void Init(GM_ADDR x, GM_ADDR scale, GM_ADDR out) {
+    x_.SetGlobalBuffer((__gm__ half *)x, 16);   // [16]
+    out_.SetGlobalBuffer(( __gm__ half * ) out, 16);
+    BODY
+  }
+  GlobalTensor<half> x_, out_;
+  GlobalTensor<float> scale_;
+  float s_;
+};
+
+extern "C" __global__ __aicore__ void k(GM_ADDR x, GM_ADDR scale, GM_ADDR out, GM_ADDR workspace, GM_ADDR tiling) {
+  GET_TILING_DATA_WITH_STRUCT(Tiling, td, tiling);
+  GM_ADDR user = AscendC::GetUserWorkspace(workspace);
+  Op op;
+  op.Init(x, scale, user);
+  Two(scale, 1);
+}
+"""
+
+
+def _planted(body: str) -> tuple[int, list]:
+    return gm_addr_uses({"k.cpp": _PLANTED.replace("BODY", body)})
+
+
+def test_the_kernels_reach_global_memory_only_through_global_tensors():
+    sources = {p.name: p.read_text() for p in sorted(ascendc_build.KERNEL_DIR.iterdir()) if p.suffix in (".cpp", ".h")}
+    checked, violations = gm_addr_uses(sources)
+    assert violations == [] and checked >= 40          # every GM_ADDR argument of both kernels, each of its uses
+    assert _planted("scale_.SetGlobalBuffer((__gm__ float *)scale, 1);") == (9, [])
+
+
+@pytest.mark.parametrize("body", [
+    "s_ = *reinterpret_cast<float *>(scale);",            # the raw read the CPU implementation cannot see
+    "s_ = *(__gm__ float *)scale;",
+    "s_ = ((__gm__ float *)scale)[0];",
+    "s_ = scale[0];",
+    "auto p = scale + 4;",
+    "s_ = Peek(scale);",                                  # a function that does not take a GM_ADDR
+    "Two(1, scale);",                                     # ... not in that place
+    "GM_ADDR q = scale;",
+    "if (scale) s_ = 1;",
+    "scale_.SetGlobalBuffer((__gm__ float *)scale + 4, 1);",
+    "scale_.SetGlobalBuffer((float *)scale, 1);",
+])
+def test_the_source_check_catches_a_raw_global_memory_access(body):
+    checked, violations = _planted(body)
+    line = _PLANTED.replace("BODY", body).splitlines().index("    " + body) + 1
+    assert violations and all(v.startswith(f"k.cpp:{line}: ") for v in violations)
+    assert f"k.cpp:{line}: GM_ADDR 'scale' used other than as SetGlobalBuffer's pointer or an argument taking a " \
+           "GM_ADDR" in violations
+
+
+@pytest.mark.parametrize("body, what", [
+    ("__gm__ float *p = nullptr;", "__gm__ outside a cast given to SetGlobalBuffer"),
+    ("s_ = scale_.GetPhyAddr()[0];", "GetPhyAddr gives a raw global pointer"),
+])
+def test_raw_global_pointers_are_refused_whatever_their_source(body, what):
+    line = _PLANTED.replace("BODY", body).splitlines().index("    " + body) + 1
+    assert _planted(body)[1] == [f"k.cpp:{line}: {what}"]

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +99,61 @@ def test_temporary_folders_of_dead_processes_are_swept(tmp_path):
     (tmp_path / "k3").mkdir()                                  # a finished cache: kept
     sweep_dead_temps(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k2.tmp-" + str(os.getpid()), "k3"]
+
+
+def test_dead_temporary_files_and_links_are_swept_without_following_them(tmp_path):
+    """The weight cache's temporaries are files, a killed publish may leave links: removed when their process is
+    dead, and a link is removed, never followed (what it points to stays)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("kept")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / f"k.old-{dead.pid}").symlink_to(outside)                 # a link to a directory
+    (root / f"k.json.tmp-{dead.pid}").symlink_to(outside / "keep")  # a link to a file
+    (root / f"k.bin.tmp-{dead.pid}").write_text("half")              # a file
+    (root / f"k.sha256.tmp-{dead.pid}-x8y").write_text("0")          # a digest record being written
+    (root / f"k.tmp-{dead.pid}").mkdir()
+    (root / f"k.tmp-{dead.pid}" / "inner").symlink_to(outside)       # a folder holding a link
+    (root / f"k.bin.tmp-{os.getpid()}").write_text("mine")           # a live process's: kept
+    sweep_dead_temps(root)
+    assert sorted(os.listdir(root)) == [f"k.bin.tmp-{os.getpid()}"]
+    assert sorted(os.listdir(outside)) == ["keep"] and (outside / "keep").read_text() == "kept"
+
+
+def _tamper_consistently(folder, kind):
+    """Changes a saved cache so that its index and digest still agree: the manifest's buckets reversed, or the
+    two graph files swapped."""
+    from ms_atb.ops.trusted_cache import record_digest, tree_digest
+    if kind == "manifest":
+        buckets = json.loads((folder / "buckets.json").read_text())
+        (folder / "buckets.json").write_text(json.dumps(buckets[::-1]))
+    else:
+        graphs = sorted(folder.rglob("compile_cache_*.mindir"))
+        assert len(graphs) == 2
+        for g in graphs:
+            os.chmod(g, 0o600)
+        a, b = (g.read_bytes() for g in graphs)
+        graphs[0].write_bytes(b)
+        graphs[1].write_bytes(a)
+    record_digest(folder, tree_digest(folder))
+
+
+@pytest.mark.slow                # two processes: MindSpore keeps one cache path per process
+@pytest.mark.parametrize("kind", ["manifest", "graphs"])
+def test_a_cache_whose_graphs_do_not_fit_their_buckets_is_compiled_afresh_in_the_run(tmp_path, kind):
+    """A cache whose index and digest agree but whose graphs are not their buckets' (a graph of other input
+    shapes) is refused when the graph loads, before it runs on any step: the run compiles the bucket
+    without the cache and gives the same tokens."""
+    cache = tmp_path / "graphs"
+    [(saved, path, tokens, _)] = _run(cache, "40")
+    assert saved == "saved"
+    _tamper_consistently(Path(path), kind)
+    [(status, _, again, ran)] = _run(cache, "40")
+    assert status.startswith("failed (ValueError: the graph") and "input shapes" in status
+    assert again == tokens and ran == [1, 2]
 
 
 def test_buckets_load_in_recorded_order_and_new_ones_are_appended(tmp_path, monkeypatch):

@@ -187,3 +187,34 @@ def test_a_folder_others_may_write_is_refused(tmp_path):
     with pytest.raises(ValueError, match="writable by group or others"):
         WeightCache(str(root), {"model": "x"})
     assert WeightCache(None, {"model": "x"}).status == "off" and WeightCache(str(root), None).status == "off"
+
+
+def test_the_cache_root_is_created_private_and_must_be_private(tmp_path):
+    WeightCache(str(tmp_path / "c"), {"model": "x"})
+    assert oct(os.stat(tmp_path / "c").st_mode & 0o777) == oct(os.stat(tmp_path / "c" / "weights").st_mode & 0o777) \
+        == "0o700"
+    shared = tmp_path / "shared"
+    (shared / "weights").mkdir(mode=0o700, parents=True)
+    os.chmod(shared, 0o770)                        # the root: others could swap its weights folder
+    with pytest.raises(ValueError, match=rf"'{shared}' is writable by group or others"):
+        WeightCache(str(shared), {"model": "x"})
+
+
+def test_a_data_file_swapped_after_its_check_is_not_the_one_mapped(tmp_path, monkeypatch):
+    """The weights are mapped through the descriptor whose file's size was checked: a data file put in its place
+    after the check is not what the weights hold."""
+    a = {"w": ms.Parameter(ms.Tensor(np.arange(1, 7, dtype=np.float32)), name="w")}
+    WeightCache(str(tmp_path), {"model": "x"}).save(a)
+    check = WeightCache._check
+
+    def check_then_swap(self, *args):
+        entries = check(self, *args)
+        other = self.data_path.with_name("other")
+        other.write_bytes(bytes(os.path.getsize(self.data_path)))     # the same size, other bytes
+        os.replace(other, self.data_path)
+        return entries
+
+    monkeypatch.setattr(WeightCache, "_check", check_then_swap)
+    b = {"w": ms.Parameter(ms.Tensor(np.zeros(6, np.float32)), name="w")}
+    assert WeightCache(str(tmp_path), {"model": "x"}).load(b)
+    np.testing.assert_array_equal(b["w"].asnumpy(), a["w"].asnumpy())

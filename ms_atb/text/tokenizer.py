@@ -114,14 +114,10 @@ class Tokenizer:
             raise ValueError("a conversation must be a non-empty list of {'role': str, 'content': str} dicts")
         if not isinstance(add_generation_prompt, bool):
             raise ValueError(f"add_generation_prompt must be a bool, got {add_generation_prompt!r}")
-        try:
-            return render_chat_template(self._compiled_template, messages=list(messages),
-                                        add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-        except ValueError:                  # raise_exception() or a limit: already says what is wrong
-            raise
-        except Exception as e:              # jinja2's UndefinedError, or the template's own arithmetic
-            raise ValueError(f"the chat template failed on this conversation ({type(e).__name__}: {e})") from None
+        # any failure of the template is a ValueError naming the chat template (ms_atb/text/chat_template.py)
+        return render_chat_template(self._compiled_template, messages=list(messages),
+                                    add_generation_prompt=add_generation_prompt,
+                                    bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
     @cached_property
     def _compiled_template(self):

@@ -18,11 +18,15 @@ the model, and the path is fixed by the first graph compiled with it on. So:
 - the process works in a private copy (`<key>.tmp-<pid>`, MindSpore's fixed path); after each new
   graph the copy is published as a whole: written under a temporary name, its digest recorded, and
   renamed into place, so a killed run or a racing process never leaves a partial cache behind;
-- a cache that fails to load is removed and the bucket is compiled afresh, without a cache for the
-  rest of the process;
+- a cache that fails to load is removed and the bucket is compiled afresh in the same run, without a
+  cache for the rest of the process. A graph that loads but does not take its bucket's input shapes
+  (a cache whose index and digest agree, but whose graphs are not the buckets it names) fails to load
+  (worker/graph_call.py checks the shapes before the graph first runs, and drops a graph that failed);
 - trust (ops/trusted_cache.py): the root must be the user's own and closed to others' writes
   (else a ValueError), and a directory is loaded only if the sha256 over its files is the one
   recorded (`<key>.sha256` beside it) when it was saved; any other is removed and compiled afresh.
+  The private copy MindSpore loads is written from the very bytes hashed, as they are read;
+- temporaries (`<key>.tmp-<pid>`, `.pub-`, `.old-`) of dead processes are swept (trusted_cache.sweep_dead_temps).
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ms_atb.ops.trusted_cache import forget, private_dir, record_digest, recorded_digest, tree_digest
+from ms_atb.ops.trusted_cache import (forget, private_dir, record_digest, recorded_digest, sweep_dead_temps,
+                                     tree_digest)
 
 FORMAT = 2                # bump when the layout or the key changes
 _PACKAGES = ("ms_atb", "ms_atb.models", "ms_atb.ops")
@@ -88,26 +93,6 @@ def default_root() -> str | None:
         return None if env == "off" else env
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "ms_atb", "graphs")
-
-
-def sweep_dead_temps(root: Path) -> None:
-    """Removes the folders of processes that died while working or publishing: no one would ever rename
-    or remove them. A folder is named <key>.<tmp|pub|old>-<pid>; a live pid's folder stays."""
-    for kind in ("tmp", "pub", "old"):
-        for tmp in root.glob(f"*.{kind}-*"):
-            pid = tmp.name.rpartition(f".{kind}-")[2]
-            if pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):   # another user's process, or not a pid this OS could have
-        return True
-    return True
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -173,19 +158,32 @@ class GraphCache:
         self.path = self.root / cache_key({**self.parts, "entry_script": [entry, script]})
         sweep_dead_temps(self.root)
         self._work = self.root / f"{self.path.name}.tmp-{os.getpid()}"
-        shutil.rmtree(self._work, ignore_errors=True)
-        self._work.mkdir(mode=0o700)
         atexit.register(shutil.rmtree, self._work, True)
-        if self.path.is_dir() and not os.path.islink(self.path) \
-                and recorded_digest(self.path) == tree_digest(self.path):
-            _copy_tree(self.path, self._work)
-            self.recorded = self._read_manifest(self._work)
-        else:                                  # unrecorded or changed since it was saved
+        if not self._copy_checked():           # unrecorded or changed since it was saved
             shutil.rmtree(self.path, ignore_errors=True)
             forget(self.path)
         _claimed_by_pid = os.getpid()
         self._state = "on"
         return self
+
+    def _copy_checked(self) -> bool:
+        """Fills the working copy from the published cache, with the very bytes whose digest is checked against
+        the recorded one (MindSpore loads the copy, never the published files); False, and an empty copy,
+        when there is no published cache or it is not the one recorded."""
+        shutil.rmtree(self._work, ignore_errors=True)
+        self._work.mkdir(mode=0o700)
+        if os.path.islink(self.path) or not self.path.is_dir():
+            return False
+        try:
+            digest = tree_digest(self.path, copy_to=self._work)
+        except OSError:                        # another process replaced it meanwhile
+            digest = None
+        if digest is not None and digest == recorded_digest(self.path):
+            self.recorded = self._read_manifest(self._work)
+            return True
+        shutil.rmtree(self._work, ignore_errors=True)
+        self._work.mkdir(mode=0o700)
+        return False
 
     @staticmethod
     def _read_manifest(folder: Path) -> list[int]:

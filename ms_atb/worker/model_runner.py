@@ -260,18 +260,18 @@ class ModelRunner:
     def graph_key_parts(self) -> dict:
         """Everything the compiled graphs depend on besides ms_atb's and MindSpore's code: the weights' parts
         and the shapes, kernels and attention backend."""
-        from ms_atb.ops.build import kernel_library
+        from ms_atb.ops.build import loaded_kernel_library
         return {**self._weight_key_parts(), "cache_dtype": str(self.cache_dtype),
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
-                "kernels": kernel_library(), "attention_backend": self.attention_backend,
+                "kernels": loaded_kernel_library(), "attention_backend": self.attention_backend,
                 **self._attention_library()}
 
     def _attention_library(self) -> dict:
         if self.attention_backend != "ascendc":
             return {}
-        from ms_atb.ops.ascendc_build import ascendc_library
-        return {"ascendc_kernels": ascendc_library()}
+        from ms_atb.ops.ascendc_build import loaded_ascendc_library
+        return {"ascendc_kernels": loaded_ascendc_library()}
 
     def _compile_bucket(self, t: int) -> None:
         """Runs bucket t's graph once on an all-padding step (no cache write), which compiles or loads it."""

@@ -16,9 +16,11 @@ maps them instead of converting the model file again.
 - an entry is used only when its index names exactly the model's weights, with their dtypes and shapes, and
   the data file has the recorded size; any other (torn, stale, foreign) is removed with a warning, and the
   weights are read from the model file and saved afresh;
-- the folder follows rule 1 of ops/trusted_cache.py (the user's own, closed to others' writes). An entry is
-  data read as raw bytes, never code nor a pickle: it is size-checked, not hashed (a sha256 over SmolLM2's
-  204 MiB of held weights costs 0.17 s of CPU, ten times what mapping them costs);
+- the cache's root and its `weights/` folder follow rule 1 of ops/trusted_cache.py (the user's own, closed to
+  others' writes; created 0o700). An entry is data read as raw bytes, never code nor a pickle: it is
+  size-checked, not hashed (a sha256 over SmolLM2's 204 MiB of held weights costs 0.17 s of CPU, ten times
+  what mapping them costs). The data file is opened once, never through a link, and the file mapped is the
+  one whose size was checked; temporaries of dead processes are swept (trusted_cache.sweep_dead_temps);
 - the folder keeps the MAX_ENTRIES entries used last (an entry's index is touched when it loads).
 """
 from __future__ import annotations
@@ -50,7 +52,8 @@ class WeightCache:
         self.status = "off"
         if root and parts is not None:
             from ms_atb.ops.trusted_cache import private_dir
-            self.folder = private_dir(Path(os.path.expanduser(root)) / "weights", "context.compile_cache")
+            root = private_dir(os.path.expanduser(root), "context.compile_cache")
+            self.folder = private_dir(root / "weights", "context.compile_cache")
             self.key = cache_key(parts)
             self.status = "missing"
 
@@ -68,8 +71,9 @@ class WeightCache:
             return False
         import mindspore as ms
         try:
-            entries = self._check(weights)
-            data = np.memmap(self.data_path, np.uint8, "c")     # copy-on-write: the file is never written
+            with open(self.data_path, "rb", opener=_no_link) as f:
+                entries = self._check(weights, os.fstat(f.fileno()).st_size)
+                data = np.memmap(f, np.uint8, "c")             # copy-on-write: the file is never written
             for name, dtype, shape, offset, nbytes in entries:
                 weights[name].set_data(ms.from_numpy(data[offset:offset + nbytes].view(dtype).reshape(shape)))
             del data
@@ -80,12 +84,13 @@ class WeightCache:
         self.status = "loaded"
         return True
 
-    def _check(self, weights: dict) -> list:
+    def _check(self, weights: dict, size: int) -> list:
         """The index's (name, dtype, shape, offset, bytes) list; ValueError when it does not describe these
-        weights or the data file's size differs."""
+        weights or the data file's size (`size`) differs."""
+        from ms_atb.ops.trusted_cache import read_file
         try:
-            index = json.loads(self.index_path.read_text())
-        except json.JSONDecodeError as e:
+            index = json.loads(read_file(self.index_path))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"index is not JSON ({e})") from None
         if not isinstance(index, dict) or index.get("key") != self.key or index.get("format") != FORMAT:
             raise ValueError("index of another key or format")
@@ -96,7 +101,6 @@ class WeightCache:
         want = {name: (_dtype_name(p), tuple(p.shape)) for name, p in weights.items()}
         if {n: (d, s) for n, d, s, _ in entries} != want or len(entries) != len(want):
             raise ValueError("index names other weights, dtypes or shapes than the model's")
-        size = os.path.getsize(self.data_path)
         if size != index.get("bytes"):
             raise ValueError(f"data file holds {size} bytes, the index records {index.get('bytes')}")
         checked = []
@@ -111,7 +115,7 @@ class WeightCache:
         """Publishes weights {name: Parameter} as this key's entry (data, then index: see the module docstring)."""
         if self.folder is None:
             return
-        from ms_atb.worker.graph_cache import sweep_dead_temps
+        from ms_atb.ops.trusted_cache import sweep_dead_temps
         if any(_dtype_name(p) not in _DTYPES for p in weights.values()):
             self.status = "off"                # bfloat16: numpy cannot hold it
             return
@@ -120,7 +124,9 @@ class WeightCache:
         data_tmp, index_tmp = (self.folder / f"{p.name}.tmp-{pid}" for p in (self.data_path, self.index_path))
         entries, offset = [], 0
         try:
-            with open(data_tmp, "wb") as f:
+            for tmp in (data_tmp, index_tmp):   # a name of this pid left by a dead process: created anew, never
+                tmp.unlink(missing_ok=True)     # opened through a link
+            with open(data_tmp, "xb") as f:
                 for name, p in weights.items():
                     array = np.ascontiguousarray(p.asnumpy())
                     f.write(array.data)
@@ -129,8 +135,8 @@ class WeightCache:
                     pad = -offset % ALIGN
                     f.write(bytes(pad))
                     offset += pad
-            index_tmp.write_text(json.dumps({"format": FORMAT, "key": self.key, "bytes": offset,
-                                             "weights": entries}))
+            with open(index_tmp, "x") as f:
+                f.write(json.dumps({"format": FORMAT, "key": self.key, "bytes": offset, "weights": entries}))
             os.replace(data_tmp, self.data_path)
             os.replace(index_tmp, self.index_path)
         except OSError as e:                    # a full or read-only disk: the run goes on without the entry
@@ -161,6 +167,10 @@ def cache_key(parts: dict) -> str:
     """The graph cache's key (sources, MindSpore, Python) over parts and this entry layout's FORMAT."""
     from ms_atb.worker import graph_cache
     return graph_cache.cache_key({"weight_cache_format": FORMAT, **parts})
+
+
+def _no_link(path, flags):
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 def _dtype_name(param) -> str:
