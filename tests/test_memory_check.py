@@ -58,7 +58,8 @@ def test_weight_bytes_is_what_the_model_holds(tied):
     import mindspore as ms
     from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
     from ms_atb.formats.loader import PRESETS
-    config = LlamaConfig(**{**PRESETS["tiny-llama"], "tie_word_embeddings": tied, "vocab_size": 500})
+    config = LlamaConfig(**{**PRESETS["tiny-llama"], "tie_word_embeddings": tied, "vocab_size": 500,
+                            "bos_token_id": 498, "eos_token_id": 499})
     model = LlamaForCausalLM(config, num_blocks=4, block_size=16, dtype=ms.float32, device="cpu")
     held = sum(p.size for p in model.get_parameters() if "_cache." not in p.name)
     assert weight_bytes(config, 1, 4, packed=True) == held * 4

@@ -91,6 +91,9 @@ def _parse_random(path: str) -> tuple[dict, int]:
         else:
             raise ValueError(f"unknown option {key!r} in {path!r}; allowed: seed and the LlamaConfig "
                              f"fields {sorted(set(fields) - {'rope_scaling', 'extra'})}")
+    for offset, name in ((2, "bos_token_id"), (1, "eos_token_id")):     # the preset's ids follow a smaller vocabulary
+        if name not in query and kwargs.get(name) is not None and kwargs[name] >= kwargs["vocab_size"]:
+            kwargs[name] = max(kwargs["vocab_size"] - offset, 0)
     return kwargs, seed
 
 
