@@ -23,8 +23,17 @@ def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:
     return [(name, parts, parts) for name, parts in groups] + [("lm_head", ("lm_head.weight",), (head,))]
 
 
+def linear_activations(activation_dtype: str, formats: dict, model_dtype: str = "float32") -> str:
+    """model.activation_dtype as the quantized linears take it: "auto" is "int8" (llama.cpp's own choice for
+    these weights: docs/design.md, "Defaults") when some linears are kept quantized (formats, on the CPU) and
+    the model computes in float32, else "float32"."""
+    if activation_dtype != "auto":
+        return activation_dtype
+    return "int8" if formats and model_dtype == "float32" else "float32"
+
+
 def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1, device: str = "cpu",
-                   activation_dtype: str = "float32") -> tuple[dict, list[str]]:
+                   activation_dtype: str = "float32", model_dtype: str = "float32") -> tuple[dict, list[str]]:
     """({HF weight name: quantized format} of the linears kept quantized, log lines saying what was chosen).
 
     weight_dtype (model.weight_dtype): "float32": none; "int8": every linear (lm_head too) per-output-channel
@@ -33,10 +42,11 @@ def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_siz
     when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU (our kernels, which
     multiply float32 activations: a half-precision model casts around them); elsewhere none is kept. A tied
     lm_head's format is the embedding's (the gather reads a float32 copy of the embedding). activation_dtype
-    (model.activation_dtype) changes no format; "int8" adds a log line saying which linears take int8
-    activations (the quantized ones) and which keep float32 (the float ones)."""
+    (model.activation_dtype; "auto" as linear_activations resolves it for model_dtype) changes no format; "int8"
+    adds a log line saying which linears take int8 activations (the quantized ones) and which keep float32 (the
+    float ones)."""
     formats, notes = _formats(path, config, weight_dtype, tp_size, device)
-    if activation_dtype == "int8":
+    if linear_activations(activation_dtype, formats, model_dtype) == "int8":
         groups = linear_groups(config)
         quantized = sum(parts[0] in formats for _, parts, _ in groups)
         notes.append(f"activations: int8 (per row and block of 32) into the {quantized} quantized linears"

@@ -25,11 +25,15 @@ DEVICES = ("cpu", "npu", "npu:N")          # npu: the device msrun or DEVICE_ID 
 DEVICE_BACKENDS = {"cpu": ("auto", "cpu", "ascendc"), "npu": ("auto", "ms_atb", "mindspore")}
 ATTENTION_BACKENDS = ("auto", "ms_atb", "mindspore", "cpu", "ascendc")
 DTYPES = ("float32", "float16", "bfloat16")
-CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8")   # auto: the model's dtype
+# auto: float16 on the CPU (its quality measured against float32: docs/design.md, "Defaults"), the model's dtype
+# on an NPU; float32 keeps float32 rows (with float32 activations, greedy tokens equal HF transformers').
+CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 # auto: a GGUF's Q8_0/Q4_0/Q4_1 linears as stored, other quantized types as Q8_0, float weights in float32;
 # int8: every linear per-output-channel int8, quantized on load. Quantized weights run on the CPU only.
 WEIGHT_DTYPES = ("auto", "float32", "int8")
-ACTIVATION_DTYPES = ("float32", "int8")   # int8: the quantized linears' inputs, per row and block of 32
+# int8: the quantized linears' inputs, per row and block of 32 (CPU, float32 model); float32: as given, results
+# equal to the float32 weights' bit for bit; auto: int8 where it can run (resolve_activation_dtype), else float32.
+ACTIVATION_DTYPES = ("auto", "float32", "int8")
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}
@@ -42,7 +46,7 @@ class ModelSection:
     max_model_len: Union[int, None] = None  # None: the model's max_position_embeddings, at most 2,048
     tokenizer: Union[str, None] = None      # defaults to the model path
     weight_dtype: str = "auto"              # see WEIGHT_DTYPES; the linears' weights only
-    activation_dtype: str = "float32"       # see ACTIVATION_DTYPES; int8: CPU, float32, quantized linears only
+    activation_dtype: str = "auto"          # see ACTIVATION_DTYPES; int8: CPU, float32, quantized linears only
 
 
 @dataclass
@@ -259,6 +263,14 @@ def _check_int8_activations(m: "ModelSection", device_kind: str) -> None:
         raise ValueError(f"model.activation_dtype 'int8' needs linears kept quantized; weight_dtype 'auto' keeps "
                          f"them only for a GGUF checkpoint (a path ending in .gguf), and model.path is {m.path!r}: "
                          f"set weight_dtype 'int8', or activation_dtype 'float32'")
+
+
+def resolve_cache_dtype(cache_dtype: str, model_dtype: str, device: str) -> str:
+    """kv_cache.cache_dtype as the cache stores it: "auto" is float16 on the CPU (half the bytes of float32 for
+    the same perplexity and greedy tokens: docs/design.md, "Defaults") and the model's dtype on an NPU."""
+    if cache_dtype != "auto":
+        return cache_dtype
+    return "float16" if parse_device(device)[0] == "cpu" else model_dtype
 
 
 def parse_device(device: str) -> tuple[str, Union[int, None]]:

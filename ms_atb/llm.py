@@ -8,7 +8,8 @@ import time
 from typing import Iterator, Sequence as Seq, Union
 
 from ms_atb import memory_budget
-from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_device, parse_size
+from ms_atb.config import (DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_device, parse_size,
+                           resolve_cache_dtype)
 from ms_atb.worker.distributed import init_distributed, replica_index, spmd_sampler
 from ms_atb.outputs import RequestOutput
 from ms_atb.worker.sampler import Sampler
@@ -75,7 +76,7 @@ class LLM:
                              f"{window}; set max_model_len <= {window}")
         kv = cfg.kv_cache
         self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size,
-                                                           cfg.model.dtype, tp, kv.cache_dtype)
+                                                           cfg.model.dtype, tp, self.cache_dtype)
         if kv.num_blocks == "auto":
             budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
             self.num_blocks = budget // self.kv_bytes_per_block
@@ -90,7 +91,7 @@ class LLM:
             self.num_blocks = kv.num_blocks
         self.weight_formats, notes = weight_formats(cfg.model.path, self.model_config, cfg.model.weight_dtype, tp,
                                                     parse_device(cfg.context.device)[0],
-                                                    cfg.model.activation_dtype)
+                                                    cfg.model.activation_dtype, cfg.model.dtype)
         for note in notes:
             self._log(note)
         if cfg.context.device == "cpu":
@@ -297,9 +298,9 @@ class LLM:
 
     @property
     def cache_dtype(self) -> str:
-        """The KV cache's storage dtype, "auto" resolved to the model's."""
-        kv = self.config.kv_cache
-        return self.config.model.dtype if kv.cache_dtype == "auto" else kv.cache_dtype
+        """The KV cache's storage dtype, "auto" resolved (config.resolve_cache_dtype)."""
+        cfg = self.config
+        return resolve_cache_dtype(cfg.kv_cache.cache_dtype, cfg.model.dtype, cfg.context.device)
 
     def new_scheduler(self) -> Scheduler:
         """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""

@@ -10,7 +10,7 @@ from ms_atb import memory_budget
 from ms_atb.config import EngineConfig
 from ms_atb.models import loader
 from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
-from ms_atb.models.weight_formats import weight_formats
+from ms_atb.models.weight_formats import linear_activations, weight_formats
 
 BS, NB, T_PAD = 4, 32, 16
 TOKENS = [3, 200, 17, 45, 99, 1, 250, 64, 8, 120, 33]
@@ -187,8 +187,9 @@ def test_a_float16_model_keeps_its_linears_quantized_on_the_cpu(gguf_model):
 
 @pytest.mark.slow
 def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
-    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (the shared engine: configs/smollm2_135m.yaml, auto)
-    against their float32 dequantisation: greedy tokens equal on at least 3 of 4 prompts x 24 tokens."""
+    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (the shared engine: configs/smollm2_135m.yaml, auto, with
+    float32 activations and cache) against their float32 dequantisation: greedy tokens equal on at least 3 of 4
+    prompts x 24 tokens."""
     import os
     from ms_atb import LLM, SamplingParams
     from engine_helpers import ROOT, with_buckets
@@ -198,7 +199,7 @@ def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
     ref = [o.outputs[0].token_ids for o in smollm2_llm.generate(prompts, params, use_tqdm=False)]
     assert set(smollm2_llm.weight_formats.values()) == {"q4_1", "q8_0"}
     dense = with_buckets(LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="float32",
-                             max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512, num_blocks=160,
+                             cache_dtype="float32", max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512, num_blocks=160,
                              precompile=False), [8, 128])
     assert dense.weight_formats == {}
     got = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
@@ -209,10 +210,12 @@ def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
 def test_config_validates_activation_dtype(gguf_model):
     """model.activation_dtype int8 needs quantized linears on the CPU in float32, refused before any work."""
     path = gguf_model[0]
-    assert EngineConfig.load("random:tiny-llama").model.activation_dtype == "float32"
+    assert EngineConfig.load("random:tiny-llama").model.activation_dtype == "auto"
     assert EngineConfig.load(path, activation_dtype="int8").model.activation_dtype == "int8"     # GGUF, auto
+    assert EngineConfig.load(path, activation_dtype="float32").model.activation_dtype == "float32"
     EngineConfig.load("random:tiny-llama", weight_dtype="int8", activation_dtype="int8")
-    with pytest.raises(ValueError, match=r"model.activation_dtype must be one of \['float32', 'int8'\], got 'int4'"):
+    with pytest.raises(ValueError, match=r"model.activation_dtype must be one of \['auto', 'float32', 'int8'\], "
+                                         r"got 'int4'"):
         EngineConfig.load(path, activation_dtype="int4")
     with pytest.raises(ValueError, match=r"'int8' runs on the CPU only .*use 'float32'"):
         EngineConfig.load(path, activation_dtype="int8", device="npu")
@@ -222,6 +225,23 @@ def test_config_validates_activation_dtype(gguf_model):
         EngineConfig.load(path, activation_dtype="int8", weight_dtype="float32")
     with pytest.raises(ValueError, match=r"'auto' keeps them only for a GGUF .* model.path is 'random:tiny-llama'"):
         EngineConfig.load("random:tiny-llama", activation_dtype="int8")
+
+
+def test_auto_activations_are_int8_for_quantized_linears_in_float32(gguf_model):
+    """activation_dtype auto: int8 into the linears kept quantized of a float32 model, float32 otherwise (float
+    weights, a float16 model, no quantized linear); never an error where int8 would be one."""
+    path, config, _ = gguf_model
+    quantized, _ = weight_formats(path, config, "auto")
+    assert quantized and linear_activations("auto", quantized, "float32") == "int8"
+    assert linear_activations("auto", quantized, "float16") == "float32"
+    assert linear_activations("auto", {}, "float32") == "float32"
+    assert linear_activations("float32", quantized, "float32") == "float32"
+    assert weight_formats(path, config, "auto", activation_dtype="auto")[1][-1].startswith("activations: int8")
+    assert not weight_formats(path, config, "auto", activation_dtype="auto", model_dtype="float16")[1][-1].startswith(
+        "activations")
+    for overrides in ({}, {"weight_dtype": "float32"}, {"dtype": "float16"}, {"device": "npu"}):
+        EngineConfig.load(path, **overrides)                     # auto everywhere: no error
+    EngineConfig.load("random:tiny-llama")
 
 
 def greedy(model, tokens, steps):
@@ -280,7 +300,7 @@ def test_engine_generates_with_int8_activations(tiny_llm):
     decode batches of 3 rows take the small-batch items, the 40-token prompt a row block)."""
     from ms_atb import LLM, SamplingParams
     from engine_helpers import TINY_BUILD, TINY_CONFIG
-    llm = LLM(TINY_CONFIG, weight_dtype="int8", activation_dtype="int8", **TINY_BUILD)
+    llm = LLM(TINY_CONFIG, weight_dtype="int8", **{**TINY_BUILD, "activation_dtype": "int8"})
     assert set(llm.weight_formats.values()) == {"int8"}
     prompts = [[1, 2, 3, 4, 5], list(range(100, 140)), [7, 300, 9]]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
