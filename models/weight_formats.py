@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 from ms_atb.models import gguf_reader
-from ms_atb.models.llama import LlamaConfig
+from ms_atb.models.llama import EMBED, LlamaConfig
 from ms_atb.models.loader import expected_shapes, model_kind
 
 
@@ -41,7 +41,8 @@ def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_siz
     when they are of other quantized types or mixed (re-quantized on load from the dequantised values), float32
     when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU (our kernels, which
     multiply float32 activations: a half-precision model casts around them); elsewhere none is kept. A tied
-    lm_head's format is the embedding's (the gather reads a float32 copy of the embedding). activation_dtype
+    lm_head's format is the embedding's. Under "auto" the embedding of a GGUF is kept quantized too (EMBED's
+    entry, _embedding_format: its rows dequantised as they are gathered); otherwise it is float32. activation_dtype
     (model.activation_dtype; "auto" as linear_activations resolves it for model_dtype) changes no format; "int8"
     adds a log line saying which linears take int8 activations (the quantized ones) and which keep float32 (the
     float ones)."""
@@ -53,6 +54,18 @@ def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_siz
                      + (f"; {len(groups) - quantized} float32 linears keep float32 activations"
                         if quantized < len(groups) else ""))
     return formats, notes
+
+
+def _embedding_format(config: LlamaConfig, formats: dict, stored: str, shape: tuple) -> str | None:
+    """The GGUF block format the embedding is kept in, None for float32: a tied embedding is its lm_head's blocks
+    when those are a GGUF format; an untied one keeps its stored Q8_0 / Q4_0 / Q4_1 blocks, other quantized types
+    as Q8_0 (as a linear would)."""
+    if config.tie_word_embeddings:
+        head = formats.get("lm_head.weight")
+        return head if head in gguf_reader.KEPT_TYPES else None
+    if stored in gguf_reader.FLOAT_TYPES or shape[1] % 32:
+        return None
+    return stored if stored in gguf_reader.KEPT_TYPES else "q8_0"
 
 
 def _formats(path, config: LlamaConfig, weight_dtype: str, tp_size: int, device: str) -> tuple[dict, list[str]]:
@@ -86,6 +99,11 @@ def _formats(path, config: LlamaConfig, weight_dtype: str, tp_size: int, device:
         formats.update({n: fmt for n in parts})
     notes.append("weights: " + ", ".join(f"{n} linears {fmt}" for fmt, n in sorted(kept.items()))
                  + " (lm_head included; quantized ones multiplied as stored)")
+    embed = _embedding_format(config, formats, types[EMBED], shapes[EMBED])
+    if embed is not None:
+        formats[EMBED] = embed
+        notes.append(f"embedding: {embed}, rows dequantised as they are gathered"
+                     + (" (from the tied lm_head's blocks)" if config.tie_word_embeddings else ""))
     for src, n in sorted(converted.items()):
         notes.append(f"weights: {n} linears stored as {src} converted to q8_0 on load (the nearest kept format "
                      f"at least as precise)")

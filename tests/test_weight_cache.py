@@ -88,7 +88,11 @@ def test_second_runner_loads_the_saved_weights(gguf_model, tmp_path):
     second = runner(gguf_model, tmp_path)
     assert second.weight_cache.status == "loaded" and second.weight_cache.key == first.weight_cache.key
     assert_same_weights(held(second), held(plain))
-    assert {p.dtype for p in second.model.weight_parameters().values()} == {ms.float32, ms.int8}
+    # int8 activations (the default): the quantized linears in the dot layout, held as raw uint8 bytes
+    assert {p.dtype for p in second.model.weight_parameters().values()} == {ms.float32, ms.uint8}
+    exact = runner(gguf_model, tmp_path, activation_dtype="float32")
+    assert exact.weight_cache.status == "saved" and exact.weight_cache.key != first.weight_cache.key
+    assert {p.dtype for p in exact.model.weight_parameters().values()} == {ms.float32, ms.int8}
 
 
 def test_the_key_follows_the_model_file_and_the_rank_settings(gguf_model, tmp_path):

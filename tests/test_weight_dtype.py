@@ -112,8 +112,9 @@ def test_gguf_formats_kept_and_converted(gguf_model):
     assert formats["model.layers.1.self_attn.o_proj.weight"] == "q4_0"
     assert formats["model.layers.1.mlp.up_proj.weight"] == "q8_0"
     assert formats["lm_head.weight"] == "q8_0"                                  # tied: the embedding's type
-    assert "model.embed_tokens.weight" not in formats                           # the gather reads float32
+    assert formats["model.embed_tokens.weight"] == "q8_0"                       # gathered from lm_head's blocks
     assert any("q4_0+q8_0 converted to q8_0" in n for n in notes), notes
+    assert "embedding: q8_0, rows dequantised as they are gathered (from the tied lm_head's blocks)" in notes
     assert weight_formats(path, config, "float32") == ({}, [])
     assert weight_formats(path, config, "auto", device="npu") == ({}, [])      # the NPU: weights in model.dtype
     assert weight_formats("random:tiny-llama", loader.load_config("random:tiny-llama"), "auto") == ({}, [])
@@ -167,16 +168,17 @@ def test_int8_quantized_on_load():
 
 
 def test_a_float16_model_keeps_its_linears_quantized_on_the_cpu(gguf_model):
-    """float16 on the CPU: the linears hold the stored blocks (the embedding and norms float16) and multiply
-    float32 casts of the activations; the logits follow the float32 model's up to the float16 rounding of the
-    activations between the linears."""
+    """float16 on the CPU: the linears hold the stored blocks (the norms float16; the embedding gathered from the
+    tied lm_head's blocks, cast to float16) and multiply float32 casts of the activations; the logits follow the
+    float32 model's up to the float16 rounding of the activations between the linears."""
     dtype = ms.float16
     ms.set_context(mode=ms.GRAPH_MODE)
     path, config, held = gguf_model
     formats, _ = weight_formats(path, config, "auto")
     model = LlamaForCausalLM(config, NB, BS, dtype=dtype, weight_formats=formats)
     model.load_weights(loader.iter_weights(path, config, formats=formats))
-    assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8 and model.embed_tokens.dtype == dtype
+    assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8 and model.norm.weight.dtype == dtype
+    assert model.embed_tokens is None and model.embed_fmt == "q8_0"
     full = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
     full.load_weights(loader.iter_weights(path, config, formats=formats))
     got, ref = logits(model, TOKENS), logits(full, TOKENS)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT = 1                 # bump when the entry layout or the key changes
+FORMAT = 2                 # bump when the entry layout or the key changes
 MAX_ENTRIES = 8
 ALIGN = 64                 # each weight starts at a multiple of 64 bytes: aligned for every dtype and vector load
 _DTYPES = ("float32", "float16", "int8", "uint8", "int32")    # numpy dtypes an entry may hold
