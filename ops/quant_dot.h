@@ -211,40 +211,100 @@ inline int32_t Four(const int8_t *q) {  // 4 quants of x as one 32-bit lane
   return v;
 }
 
-// One panel times MR rows of x (rows r of xq from row0) into y[r * ldy ... + 16].
+// One block's integer sums for MR rows: sum[r][c] = sum over the block's k of q_w[k][c] * q_x[r][k] (Q4: the
+// nibbles; the Q4_0 offset and the scales come after). q: the block's quants; xb[r]: row r's 32 quants.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// AVX2, written for its 16 registers: a row's sums of both 8-column halves stay in registers while a group's
+// weight bytes are prepared once for all rows (low nibbles, then high ones), and the products of a group go
+// straight into the sums.
+// The value as it is now, opaque to the optimiser: a chain of integer additions stays a chain (reassociated, it
+// became a tree whose every product was computed first and spilled to the stack).
+inline void Chain(__m256i &v) { asm("" : "+x"(v)); }
+
 template <QuantFormat F, int MR>
-void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t nb, float *y, int64_t ldy) {
-  Vec acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = gemv::Zero();
+inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
+  const __m256i one = _mm256_set1_epi16(1);
+  __m256i s0[MR], s1[MR];  // columns 0..7, 8..15
+  for (int r = 0; r < MR; ++r) s0[r] = s1[r] = _mm256_setzero_si256();
+  if constexpr (IsNibbles(F)) {
+    // Nibble pairs: each maddubs pair is at most 2 x 15 x 127 = 3810, so a block's 8 of them sum to at most
+    // 30480 in int16 before one widening a block.
+    const __m256i m = _mm256_set1_epi8(15);
+    for (int g = 0; g < kQuantBlock / 8; ++g) {
+      const __m256i *w = reinterpret_cast<const __m256i *>(q + 64 * g);
+      const __m256i l0 = _mm256_and_si256(_mm256_loadu_si256(w), m);
+      const __m256i l1 = _mm256_and_si256(_mm256_loadu_si256(w + 1), m);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_set1_epi32(Four(xb[r] + 4 * g));
+        s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(l0, x));
+        s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(l1, x));
+        Chain(s0[r]);
+        Chain(s1[r]);
+      }
+      const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(w), 4), m);
+      const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(w + 1), 4), m);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_set1_epi32(Four(xb[r] + 16 + 4 * g));
+        s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(h0, x));
+        s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(h1, x));
+        Chain(s0[r]);
+        Chain(s1[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) sum[r] = {_mm256_madd_epi16(s0[r], one), _mm256_madd_epi16(s1[r], one)};
+  } else {
+    // Signed weights: |w| unsigned, x given w's sign; a pair is at most 2 x 127 x 127, widened at once.
+    for (int g = 0; g < kQuantBlock / 4; ++g) {
+      const __m256i *w = reinterpret_cast<const __m256i *>(q + 64 * g);
+      const __m256i w0 = _mm256_loadu_si256(w), w1 = _mm256_loadu_si256(w + 1);
+      const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_set1_epi32(Four(xb[r] + 4 * g));
+        s0[r] = _mm256_add_epi32(s0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), one));
+        s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), one));
+        Chain(s0[r]);
+        Chain(s1[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) sum[r] = {s0[r], s1[r]};
+  }
+}
+#else
+template <QuantFormat F, int MR>
+inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
+  for (int r = 0; r < MR; ++r) sum[r] = IntsZero();
+  if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
+    for (int g = 0; g < kQuantBlock / 4; ++g) {
+      const Signed w = PrepareSigned(Load(q + 64 * g));
+      for (int r = 0; r < MR; ++r) sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
+    }
+  } else {
+    // Nibble pairs: at most 3810 each, 30480 for a block's 8 in int16 (Pairs) before one widening a block.
+    Pairs pairs[MR];
+    for (int r = 0; r < MR; ++r) pairs[r] = PairsZero();
+    for (int g = 0; g < kQuantBlock / 8; ++g) {
+      const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
+      for (int r = 0; r < MR; ++r) {
+        pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
+        pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
+      }
+    }
+    for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
+  }
+}
+#endif
+
+// Blocks [b0, b1) of one panel times MR rows of x (rows r of xq from row0), added to acc[r] (16 columns each).
+template <QuantFormat F, int MR>
+void PanelBlocks(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t b0, int64_t b1, Vec *acc) {
   const uint8_t *blocks = panel + QuantHeaderBytes(F);
   const int64_t nbx = xq.kq / kQuantBlock;
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     const uint8_t *blk = blocks + b * QuantBlockBytes(F);
     const int8_t *xb[MR];
     for (int r = 0; r < MR; ++r) xb[r] = xq.q + (row0 + r) * xq.kq + b * kQuantBlock;
     Ints sum[MR];
-    for (int r = 0; r < MR; ++r) sum[r] = IntsZero();
-    if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
-      const uint8_t *q = blk + (F == QuantFormat::kQ8_0 ? 32 : 0);
-      for (int g = 0; g < kQuantBlock / 4; ++g) {
-        const Signed w = PrepareSigned(Load(q + 64 * g));
-        for (int r = 0; r < MR; ++r) sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
-      }
-    } else {
-      // Nibble pairs: each maddubs pair is at most 2 x 15 x 127 = 3810, so a block's 8 of them sum to at most
-      // 30480 in int16 (Pairs) before one widening a block.
-      const uint8_t *q = blk + (F == QuantFormat::kQ4_1 ? 64 : 32);
-      Pairs pairs[MR];
-      for (int r = 0; r < MR; ++r) pairs[r] = PairsZero();
-      for (int g = 0; g < kQuantBlock / 8; ++g) {
-        const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
-        for (int r = 0; r < MR; ++r) {
-          pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
-          pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
-        }
-      }
-      for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
-    }
+    BlockSums<F, MR>(blk + QuantsAt(F), xb, sum);
     if constexpr (F == QuantFormat::kInt8) {
       for (int r = 0; r < MR; ++r)
         acc[r] = gemv::Fma(ToVec(sum[r]), gemv::Splat(xq.d[(row0 + r) * nbx + b]), acc[r]);
@@ -259,26 +319,45 @@ void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t 
       }
     }
   }
+}
+
+// Blocks [b0, b1) of one panel times MR rows into y[r * ldy ... + 16]: the sums so far are read from y unless
+// the range starts at block 0, and an Int8 panel's column scales applied when it ends at the last block nb.
+// Each column's sum is one float chain in block order however the blocks are split.
+template <QuantFormat F, int MR>
+void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t b0, int64_t b1, int64_t nb, float *y,
+               int64_t ldy) {
+  Vec acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = b0 == 0 ? gemv::Zero() : gemv::LoadFloats(reinterpret_cast<uint8_t *>(y + r * ldy));
+  PanelBlocks<F, MR>(xq, row0, panel, b0, b1, acc);
   for (int r = 0; r < MR; ++r) {
-    if constexpr (F == QuantFormat::kInt8) acc[r] = gemv::Mul(acc[r], gemv::LoadFloats(panel));
+    if constexpr (F == QuantFormat::kInt8)
+      if (b1 == nb) acc[r] = gemv::Mul(acc[r], gemv::LoadFloats(panel));
     gemv::Store(y + r * ldy, acc[r]);
   }
 }
 
-// Panels [p0, p1) times rows [r0, r1) of x: panel by panel, each panel for every group of up to 4 rows while
-// its bytes are in L1. y: row 0, column 0 of the output.
+constexpr int64_t kDotChunkBlocks = 8;   // blocks of k a pass of many rows takes: 256 k, 2.3-4.3 KiB a panel
+
+// Panels [p0, p1) times rows [r0, r1) of x; y: row 0, column 0 of the output. With more than one group of 4
+// rows, k goes in chunks of kDotChunkBlocks blocks: a chunk of every row's quants (at most 64 rows: 16 KiB)
+// stays in L1 while the panels' chunks pass, each read once for all the groups of rows.
 template <QuantFormat F>
 void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, int64_t panel_bytes, int64_t nb,
                 int64_t p0, int64_t p1, float *y, int64_t ldy) {
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t *panel = w + p * panel_bytes;
-    for (int64_t r = r0; r < r1; r += 4) {
-      float *yr = y + r * ldy + p * kQuantPanel;
-      switch (r1 - r < 4 ? r1 - r : 4) {
-        case 1: PanelRows<F, 1>(xq, r, panel, nb, yr, ldy); break;
-        case 2: PanelRows<F, 2>(xq, r, panel, nb, yr, ldy); break;
-        case 3: PanelRows<F, 3>(xq, r, panel, nb, yr, ldy); break;
-        default: PanelRows<F, 4>(xq, r, panel, nb, yr, ldy); break;
+  const int64_t chunk = r1 - r0 > 4 ? kDotChunkBlocks : nb;
+  for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+    const int64_t b1 = b0 + chunk < nb ? b0 + chunk : nb;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t *panel = w + p * panel_bytes;
+      for (int64_t r = r0; r < r1; r += 4) {
+        float *yr = y + r * ldy + p * kQuantPanel;
+        switch (r1 - r < 4 ? r1 - r : 4) {
+          case 1: PanelRows<F, 1>(xq, r, panel, b0, b1, nb, yr, ldy); break;
+          case 2: PanelRows<F, 2>(xq, r, panel, b0, b1, nb, yr, ldy); break;
+          case 3: PanelRows<F, 3>(xq, r, panel, b0, b1, nb, yr, ldy); break;
+          default: PanelRows<F, 4>(xq, r, panel, b0, b1, nb, yr, ldy); break;
+        }
       }
     }
   }
