@@ -17,9 +17,11 @@
 #ifndef MS_ATB_OPS_QUANT_DOT_H_
 #define MS_ATB_OPS_QUANT_DOT_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "quant_gemv.h"
 
@@ -338,28 +340,45 @@ void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t 
 }
 
 constexpr int64_t kDotChunkBlocks = 8;   // blocks of k a pass of many rows takes: 256 k, 2.3-4.3 KiB a panel
+constexpr int64_t kDotTileBytes = 16 << 10;   // the most sums a pass of many rows keeps: 64 rows x 4 panels
 
 // Panels [p0, p1) times rows [r0, r1) of x; y: row 0, column 0 of the output. With more than one group of 4
-// rows, k goes in chunks of kDotChunkBlocks blocks: a chunk of every row's quants (at most 64 rows: 16 KiB)
-// stays in L1 while the panels' chunks pass, each read once for all the groups of rows.
+// rows, the panels go a few at a time, their sums for every row (within kDotTileBytes) kept in a contiguous
+// buffer (y's rows, N floats apart, would meet in the same cache sets), and k in chunks of kDotChunkBlocks
+// blocks: a chunk of every row's quants (at most 64 rows: 16 KiB) and the sums stay in L1 while the panels'
+// chunks pass, each read once for all the groups of rows.
 template <QuantFormat F>
 void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, int64_t panel_bytes, int64_t nb,
                 int64_t p0, int64_t p1, float *y, int64_t ldy) {
-  const int64_t chunk = r1 - r0 > 4 ? kDotChunkBlocks : nb;
-  for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
-    const int64_t b1 = b0 + chunk < nb ? b0 + chunk : nb;
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint8_t *panel = w + p * panel_bytes;
-      for (int64_t r = r0; r < r1; r += 4) {
-        float *yr = y + r * ldy + p * kQuantPanel;
-        switch (r1 - r < 4 ? r1 - r : 4) {
-          case 1: PanelRows<F, 1>(xq, r, panel, b0, b1, nb, yr, ldy); break;
-          case 2: PanelRows<F, 2>(xq, r, panel, b0, b1, nb, yr, ldy); break;
-          case 3: PanelRows<F, 3>(xq, r, panel, b0, b1, nb, yr, ldy); break;
-          default: PanelRows<F, 4>(xq, r, panel, b0, b1, nb, yr, ldy); break;
+  const int64_t rows = r1 - r0;
+  const bool tiled = rows > 4;
+  const int64_t tile = tiled ? std::max<int64_t>(1, kDotTileBytes / (rows * kQuantPanel * 4)) : p1 - p0;
+  const int64_t chunk = tiled ? kDotChunkBlocks : nb;
+  thread_local std::vector<float> sums;   // [tile panels][rows][16]
+  if (tiled && sums.size() < static_cast<size_t>(tile * rows * kQuantPanel))
+    sums.resize(static_cast<size_t>(tile * rows * kQuantPanel));
+  for (int64_t t0 = p0; t0 < p1; t0 += tile) {
+    const int64_t t1 = std::min(p1, t0 + tile);
+    for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+      const int64_t b1 = std::min(nb, b0 + chunk);
+      for (int64_t p = t0; p < t1; ++p) {
+        const uint8_t *panel = w + p * panel_bytes;
+        for (int64_t r = r0; r < r1; r += 4) {
+          float *yr = tiled ? sums.data() + ((p - t0) * rows + r - r0) * kQuantPanel : y + r * ldy + p * kQuantPanel;
+          const int64_t ld = tiled ? kQuantPanel : ldy;
+          switch (r1 - r < 4 ? r1 - r : 4) {
+            case 1: PanelRows<F, 1>(xq, r, panel, b0, b1, nb, yr, ld); break;
+            case 2: PanelRows<F, 2>(xq, r, panel, b0, b1, nb, yr, ld); break;
+            case 3: PanelRows<F, 3>(xq, r, panel, b0, b1, nb, yr, ld); break;
+            default: PanelRows<F, 4>(xq, r, panel, b0, b1, nb, yr, ld); break;
+          }
         }
       }
     }
+    for (int64_t p = t0; p < t1 && tiled; ++p)
+      for (int64_t r = r0; r < r1; ++r)
+        std::memcpy(y + r * ldy + p * kQuantPanel, sums.data() + ((p - t0) * rows + r - r0) * kQuantPanel,
+                    kQuantPanel * sizeof(float));
   }
 }
 
