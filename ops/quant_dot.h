@@ -96,6 +96,9 @@ inline Ints DotSigned(Ints acc, const Signed &w, int32_t x4) {
 }
 inline Ints AddInt(Ints a, int32_t b) { return {_mm512_add_epi32(a.v, _mm512_set1_epi32(b))}; }
 inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(a.v)}; }
+// The sums as they are now, opaque to the optimiser: a chain of integer additions stays a chain (reassociated, it
+// becomes a tree whose every product is computed first and spilled to the stack).
+inline void Chain(Ints &a) { asm("" : "+v"(a.v)); }
 #if defined(__AVX512VNNI__)
 using Pairs = Ints;  // dpbusd sums into int32 directly
 inline Pairs PairsZero() { return IntsZero(); }
@@ -108,6 +111,7 @@ inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) {
   return {_mm512_add_epi16(acc.v, _mm512_maddubs_epi16(u.v, _mm512_set1_epi32(x4)))};
 }
 inline Ints Widen(Pairs p) { return {_mm512_madd_epi16(p.v, _mm512_set1_epi16(1))}; }
+inline void Chain(Pairs &a) { asm("" : "+v"(a.v)); }
 #endif
 #elif defined(__AVX2__) && (defined(__FMA__) || defined(__AVX512F__))
 struct Ints { __m256i lo, hi; };   // columns 0..7, 8..15
@@ -154,6 +158,8 @@ inline Ints Widen(Pairs p) {
   const __m256i one = _mm256_set1_epi16(1);
   return {_mm256_madd_epi16(p.lo, one), _mm256_madd_epi16(p.hi, one)};
 }
+inline void Chain(Ints &a) { asm("" : "+x"(a.lo), "+x"(a.hi)); }     // as the AVX-512 section's
+inline void Chain(Pairs &a) { asm("" : "+x"(a.lo), "+x"(a.hi)); }
 #if defined(__AVX512F__)
 inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(a.lo), a.hi, 1))}; }
 #else
@@ -200,6 +206,7 @@ using Pairs = Ints;  // int32 sums: no narrower partial sums to widen
 inline Pairs PairsZero() { return IntsZero(); }
 inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) { return DotUnsigned(acc, u, x4); }
 inline Ints Widen(Pairs p) { return p; }
+inline void Chain(Ints &) {}
 inline Vec ToVec(Ints a) {
   Vec r;
   for (int c = 0; c < kQuantPanel; ++c) r.v[c] = static_cast<float>(a.v[c]);
@@ -219,9 +226,7 @@ inline int32_t Four(const int8_t *q) {  // 4 quants of x as one 32-bit lane
 // AVX2, written for its 16 registers: a row's sums of both 8-column halves stay in registers while a group's
 // weight bytes are prepared once for all rows (low nibbles, then high ones), and the products of a group go
 // straight into the sums.
-// The value as it is now, opaque to the optimiser: a chain of integer additions stays a chain (reassociated, it
-// became a tree whose every product was computed first and spilled to the stack).
-inline void Chain(__m256i &v) { asm("" : "+x"(v)); }
+inline void Chain(__m256i &v) { asm("" : "+x"(v)); }     // as Chain(Ints &)
 
 template <QuantFormat F, int MR>
 inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
@@ -278,7 +283,10 @@ inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
   if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
     for (int g = 0; g < kQuantBlock / 4; ++g) {
       const Signed w = PrepareSigned(Load(q + 64 * g));
-      for (int r = 0; r < MR; ++r) sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
+      for (int r = 0; r < MR; ++r) {
+        sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
+        Chain(sum[r]);
+      }
     }
   } else {
     // Nibble pairs: at most 3810 each, 30480 for a block's 8 in int16 (Pairs) before one widening a block.
@@ -288,7 +296,9 @@ inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
       const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
       for (int r = 0; r < MR; ++r) {
         pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
+        Chain(pairs[r]);
         pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
+        Chain(pairs[r]);
       }
     }
     for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
