@@ -4,7 +4,8 @@
   copy), best of a few: a decode step at one sequence reads every weight once, so weight bytes / this bandwidth is
   the least time a step can take.
 - peak_gflops_fp32: our PackedMatMul on a hot 384 x 1536 x 3072 product (operands in cache).
-- peak_gops_int8: our QuantDotQ4_0 (int8 activations) on a hot 256-row product with a 1 MiB weight.
+- peak_gops_int8: our QuantDotQ4_0 (int8 activations) on a 512 x 2048 x 3072 product (a prompt's q/k/v of a
+  1B model; the 3.4 MiB weight in L2/L3).
 Both peaks run on the kernel library's own thread pool (MS_ATB_NUM_THREADS, read when the library loads).
 """
 import ctypes
@@ -62,7 +63,7 @@ def peak_gops_int8() -> float:
     from ms_atb.ops.quant_matmul import pack_gguf
     lib = ctypes.CDLL(build.kernel_library())
     rng = np.random.default_rng(0)
-    m, k, n = 256, 2048, 1024                               # weight: 1024 x 2048 Q4_0 = 1.1 MiB
+    m, k, n = 512, 2048, 3072                               # weight: 3072 x 2048 Q4_0 = 3.4 MiB
     raw = rng.integers(0, 256, (n, k // 32, 18), np.uint8)
     raw[..., :2] = np.full((n, k // 32, 1), 0.01, np.float16).view(np.uint8)
     w = pack_gguf(raw.reshape(n, -1), "q4_0", k, "int8")
