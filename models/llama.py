@@ -1,4 +1,6 @@
 """Llama for causal LM as MindSpore graph-mode Cells, attending over a paged KV cache."""
+import collections
+
 import mindspore as ms
 from mindspore.common.initializer import initializer
 import numpy as np
@@ -7,11 +9,13 @@ from mindspore import nn, ops
 from ms_atb.formats.gguf_reader import GGUFBlocks
 from ms_atb.formats.llama_config import LlamaConfig, rope_inv_freq, rope_tables
 from ms_atb.formats.sharding import num_kv_heads_per_rank
+from ms_atb.formats.weight_formats import EMBED
 from ms_atb.models.llama_layers import RMSNorm, LlamaDecoderLayer
 from ms_atb.models.parallel import ColumnParallelLinear
-from ms_atb.ops import LastTokenNorm
+from ms_atb.ops import LastTokenNorm, quant_matmul
+from ms_atb.ops.quant_embedding import QuantEmbedding
 
-__all__ = ["LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq", "rope_tables"]
+__all__ = ["EMBED", "LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope_inv_freq", "rope_tables"]
 
 
 class LlamaForCausalLM(nn.Cell):
@@ -37,8 +41,9 @@ class LlamaForCausalLM(nn.Cell):
         self.config, self.dtype = config, dtype
         self.tp_size, self.tp_rank = tp_size, tp_rank
         h, v = config.hidden_size, config.vocab_size
-        self.embed_tokens = ms.Parameter(initializer("zeros", (v, h), dtype),
-                                         name="embed_tokens")  # [V, hidden]
+        # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
+        self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device, fmt("lm_head.weight"), activation_dtype)
+        self._init_embedding(formats.get(EMBED))
         self.layers = nn.CellList([LlamaDecoderLayer(
             config, dtype, device, tp_size, tp_rank, attention_backend, self.quantized,
             tuple(fmt(f"model.layers.{i}.{n}.weight") for n in ("self_attn.q_proj", "self_attn.o_proj",
@@ -47,8 +52,6 @@ class LlamaForCausalLM(nn.Cell):
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
         self.last_token_norm = LastTokenNorm(config.rms_norm_eps, dtype, device)
-        # Tied or not, lm_head is its own [hidden, V] copy (in the linears' fast layout), replicated.
-        self.lm_head = ColumnParallelLinear(h, v, 1, 0, dtype, device, fmt("lm_head.weight"), activation_dtype)
         cos, sin, perm = rope_tables(config)
         self.cos = ms.Parameter(ms.Tensor(cos, dtype), name="rope_cos", requires_grad=False)  # [P, D]
         self.sin = ms.Parameter(ms.Tensor(sin, dtype), name="rope_sin", requires_grad=False)  # [P, D]
@@ -67,10 +70,33 @@ class LlamaForCausalLM(nn.Cell):
         self.key_scale_caches = caches("key_scale_cache", shape[:3], ms.float32) if self.quantized else None
         self.value_scale_caches = caches("value_scale_cache", shape[:3], ms.float32) if self.quantized else None
 
+    def _init_embedding(self, fmt: str | None) -> None:
+        """The embedding as the model holds it: float [V, hidden] (fmt None), or kept in a GGUF block format fmt
+        (ms_atb/formats/weight_formats.py), its rows dequantised as they are gathered: a tied model gathers from its
+        lm_head's blocks, an untied one holds its own, packed as a linear [hidden, V] is."""
+        c, dtype = self.config, self.dtype
+        self.embed_fmt, self.embedding = fmt, None
+        shape, wtype = (c.vocab_size, c.hidden_size), dtype                      # [V, hidden]
+        if fmt is not None:
+            tied = c.tie_word_embeddings
+            assert not tied or self.lm_head.fmt == fmt, "weight_formats gives a tied embedding lm_head's format"
+            self.embedding = QuantEmbedding(fmt, self.lm_head.activations if tied else "float32")
+            shape, wtype = None if tied else quant_matmul.packed_shape(fmt, c.hidden_size, c.vocab_size), ms.int8
+        self.embed_tokens = None if shape is None else ms.Parameter(initializer("zeros", shape, wtype),
+                                                                    name="embed_tokens")
+
+    def embed(self, input_ids):
+        """[T] int32 -> [T, hidden] in the model's dtype."""
+        if self.embedding is None:
+            return ops.gather(self.embed_tokens, input_ids, 0)
+        w = self.lm_head.weight if self.embed_tokens is None else self.embed_tokens
+        h = self.embedding(input_ids, w)  # [T, hidden] float32
+        return h if self.dtype == ms.float32 else h.astype(self.dtype)
+
     def layers_out(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
         """The last decoder layer's MLP output and the residual [T, hidden] each (their sum is the layer's
         output, before the final norm); writes the KV cache."""
-        h = ops.gather(self.embed_tokens, input_ids, 0)  # [T, hidden]
+        h = self.embed(input_ids)  # [T, hidden]
         cos = ops.gather(self.cos, positions, 0)  # [T, D]
         sin = ops.gather(self.sin, positions, 0)  # [T, D]
         # Tokens past query_start_loc[-1] are bucket padding: the linears skip them (zero rows).
@@ -140,27 +166,28 @@ class LlamaForCausalLM(nn.Cell):
         """Fill the Parameters from (HF name, HF-layout array already sliced for this rank) pairs, one by one.
         Linear weights [out, in] are stored transposed, [in, out]; q/k/v biases fill one [q + 2 kv]
         Parameter; a tied embedding also fills lm_head. A linear kept in a GGUF block format takes its parts as
-        GGUFBlocks (rows of blocks, stacked in output order); a GGUFBlocks for a float target is dequantised."""
+        GGUFBlocks (rows of blocks, stacked in output order); a GGUFBlocks for a float target is dequantised.
+        The rows of blocks read from a GGUF file are released once packed (gguf_reader.release)."""
         targets = self._weight_targets()
-        parts = {}  # id(fused target) -> how many parts fill it
-        for param, offset, _ in targets.values():
-            if offset is not None:
-                parts[id(param)] = parts.get(id(param), 0) + 1
-        pending, seen = {}, set()  # pending: id(fused target) -> (what its parts have filled, parts left)
+        parts = collections.Counter(id(param) for param, offset, _ in targets.values() if offset is not None)
+        pending, seen = {}, set()  # pending: id(fused target) -> (its parts so far, parts left)
         for name, array in weights:
             if not self._expects(name, array, targets, seen):
                 continue
             seen.add(name)
-            param, offset, shape = targets[name]
-            blocks = array if isinstance(array, GGUFBlocks) else None
-            if blocks is not None and offset is None:      # the embedding: its gather reads float32
-                array = blocks.dequantize()
-            elif blocks is not None and getattr(param, "fmt", None) != blocks.fmt:   # a float target
-                array, blocks = blocks.dequantize(), None
-            if offset is None:
-                self._set_whole(name, param, array, blocks)
+            param, offset, _ = targets[name]
+            if name == EMBED:
+                self._load_embedding(array)
+            elif offset is None:                 # a norm
+                array = array.dequantize() if isinstance(array, GGUFBlocks) else array
+                param.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
             else:
-                self._set_part(param, offset, shape, array, blocks, pending, parts[id(param)])
+                got, left = pending.pop(id(param), None) or ([], parts[id(param)])
+                got.append((offset, array))
+                if left > 1:
+                    pending[id(param)] = (got, left - 1)
+                else:
+                    _fill(param, sorted(got, key=lambda g: g[0]), self.dtype)
         missing = [n for n in targets if n not in seen]
         if missing:
             raise ValueError(f"missing tensor {missing[0]!r} (expected shape {targets[missing[0]][2]})"
@@ -180,40 +207,43 @@ class LlamaForCausalLM(nn.Cell):
             raise ValueError(f"tensor {name!r}: expected shape {shape}, found {tuple(array.shape)}")
         return True
 
-    def _set_whole(self, name: str, param, array, blocks) -> None:
-        """A whole Parameter (the embedding, a norm); a tied embedding also fills lm_head, as blocks when
-        lm_head keeps their format."""
-        param.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
-        if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
-            if blocks is not None and self.lm_head.fmt == blocks.fmt:
+    def _load_embedding(self, array) -> None:
+        """The embedding [V, hidden] (float, or GGUFBlocks): into the form _init_embedding chose, and into a tied
+        lm_head."""
+        blocks = array if isinstance(array, GGUFBlocks) else None
+        tied = self.config.tie_word_embeddings
+        if blocks is not None and blocks.fmt == self.embed_fmt:
+            if tied:
                 self.lm_head.set_blocks(blocks.rows)
             else:
-                self.lm_head.set_weight(array.T)
-
-    def _set_part(self, param, offset: int, shape: tuple, array, blocks, pending: dict, num_parts: int) -> None:
-        """One part of a fused linear (its output columns from `offset`) or of the fused q/k/v bias; the target
-        is set when its last part has come."""
-        key = id(param)
-        if blocks is not None:               # rows of blocks, joined in output order when all have come
-            got, left = pending.get(key) or ([], num_parts)
-            got.append((offset, blocks.rows))
-        elif isinstance(param, ms.Parameter):  # a slice of a fused 1-D Parameter (the q/k/v bias)
-            got, left = pending.get(key) or (np.empty(param.shape, np.float32), num_parts)
-            got[offset:offset + shape[0]] = array
-        else:                                # [in, out]
-            got, left = pending.get(key) or (np.empty((param.in_features, param.out_features), np.float32),
-                                             num_parts)
-            got[:, offset:offset + shape[0]] = array.T
-        if left > 1:
-            pending[key] = (got, left - 1)
+                packed = quant_matmul.pack_gguf(blocks.rows, blocks.fmt, self.config.hidden_size)
+                self.embed_tokens.set_data(ms.Tensor.from_numpy(packed))
+            blocks.release()
             return
-        pending.pop(key, None)
-        if blocks is not None:
-            param.set_blocks(np.concatenate([r for _, r in sorted(got, key=lambda g: g[0])]))
-        elif isinstance(param, ms.Parameter):
-            param.set_data(ms.Tensor(got, self.dtype))
-        else:
-            param.set_weight(got)
+        array = blocks.dequantize() if blocks is not None else array
+        self.embed_tokens.set_data(ms.Tensor(np.ascontiguousarray(array, np.float32), self.dtype))
+        if tied and blocks is not None and self.lm_head.fmt == blocks.fmt:
+            self.lm_head.set_blocks(blocks.rows)
+        elif tied:
+            self.lm_head.set_weight(array.T)
+
+
+def _fill(target, got: list, dtype) -> None:
+    """Fills a fused target, a linear or the 1-D q/k/v bias Parameter, from all its parts (offset, HF-layout array
+    or GGUFBlocks), in output order."""
+    if isinstance(target, ms.Parameter):                # the bias: [q + 2 kv]
+        target.set_data(ms.Tensor(np.concatenate([np.asarray(a, np.float32) for _, a in got]), dtype))
+        return
+    if all(isinstance(a, GGUFBlocks) and a.fmt == target.fmt for _, a in got):
+        target.set_blocks([(offset, a.rows) for offset, a in got])
+        for _, a in got:
+            a.release()
+        return
+    buf = np.empty((target.in_features, target.out_features), np.float32)     # [in, out]
+    for offset, a in got:
+        a = a.dequantize() if isinstance(a, GGUFBlocks) else a
+        buf[:, offset:offset + a.shape[0]] = a.T
+    target.set_weight(buf)
 
 
 class LlamaTokenLogits(nn.Cell):

@@ -75,13 +75,25 @@ class _Linear(nn.Cell):
         else:
             self.weight.set_data(ms.Tensor(np.ascontiguousarray(w, np.float32), self.dtype))
 
-    def set_blocks(self, rows: np.ndarray) -> None:
-        """rows [out, in / 32 * block bytes] uint8: GGUF blocks of this linear's format, one row per output."""
-        self.weight.set_data(self._raw(quant_matmul.pack_gguf(rows, self.fmt, self.in_features, self.activations)))
+    def set_blocks(self, rows) -> None:
+        """rows [out, in / 32 * block bytes] uint8: GGUF blocks of this linear's format, one row per output; or a
+        list of (first output column, rows) parts of a fused linear, in order, which fill its columns. A part
+        starting on a panel (16 columns), after parts of whole panels, is packed straight into its panels of the
+        weight's buffer; the others are joined first."""
+        parts = [(0, rows)] if isinstance(rows, np.ndarray) else list(rows)
+        fmt, k, act = self.fmt, self.in_features, self.activations
+        if not all(o % 16 == 0 for o, _ in parts) or any(len(r) % 16 for _, r in parts[:-1]):
+            parts = [(0, np.concatenate([r for _, r in parts]))]
+        packed = np.empty(quant_matmul.packed_shape(fmt, k, self.out_features), np.int8)
+        for offset, part in parts:
+            quant_matmul.pack_gguf(part, fmt, k, act, packed, offset // 16)
+        self.weight.set_data(self._raw(packed, copy=False))
 
-    def _raw(self, packed: np.ndarray):
-        """[P, panel_bytes] int8 -> the weight's tensor (its bytes as int8, or as uint8 for the dot layout)."""
-        return ms.Tensor(packed.view(np.uint8) if self.wtype == ms.uint8 else packed, self.wtype)
+    def _raw(self, packed: np.ndarray, copy: bool = True):
+        """[P, panel_bytes] int8 -> the weight's tensor (its bytes as int8, or as uint8 for the dot layout);
+        copy=False: the tensor takes packed's memory (a buffer no one else holds)."""
+        packed = packed.view(np.uint8) if self.wtype == ms.uint8 else packed
+        return ms.Tensor(packed, self.wtype) if copy else ms.Tensor.from_numpy(packed)
 
     def matmul(self, x, rows=None):  # [T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all)
         if not (self.quantized or self.packed):

@@ -22,11 +22,15 @@ from ms_atb.sampling_params import CONFIG, SamplingParams, sampling_fields
 
 DEVICES = ("cpu", "npu", "npu:N")          # npu: the device msrun or DEVICE_ID assigns; npu:N: device id N
 DTYPES = ("float32", "float16", "bfloat16")
-CACHE_DTYPES = ("auto", "float16", "bfloat16", "int8")   # auto: the model's dtype
+# auto: float16 on the CPU (its quality measured against float32: docs/design.md, "Defaults"), the model's dtype
+# on an NPU; float32 keeps float32 rows (with float32 activations, greedy tokens equal HF transformers').
+CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 # auto: a GGUF's Q8_0/Q4_0/Q4_1 linears as stored, other quantized types as Q8_0, float weights in float32;
 # int8: every linear per-output-channel int8, quantized on load. Quantized weights run on the CPU only.
 WEIGHT_DTYPES = ("auto", "float32", "int8")
-ACTIVATION_DTYPES = ("float32", "int8")   # int8: the quantized linears' inputs, per row and block of 32
+# int8: the quantized linears' inputs, per row and block of 32 (CPU, float32 model); float32: as given, results
+# equal to the float32 weights' bit for bit; auto: int8 where it can run (resolve_activation_dtype), else float32.
+ACTIVATION_DTYPES = ("auto", "float32", "int8")
 DEFAULT_MAX_MODEL_LEN = 2048                # when model.max_model_len is unset, and the model allows it
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
                "gb": 10**9}
@@ -63,16 +67,17 @@ class ModelSection:
                 "`Q4_1` blocks as stored, multiplied by our `QuantMatMul` kernel; other quantized GGUF types "
                 "(K-quants, mixed types in one fused projection) converted to `Q8_0` on load (logged); float "
                 "tensors in float32; on Ascend `auto` means `dtype`. `float32`: everything dequantised, whatever "
-                "`dtype`. `int8` (CPU only): every linear quantized on load, per output channel, symmetric. The "
-                "embedding gather reads a float32 copy (a tied lm_head keeps the embedding's blocks). On SmolLM2 "
-                "`auto` gives the float32 dequantisation's products bit for bit.")
+                "`dtype`. `int8` (CPU only): every linear quantized on load, per output channel, symmetric. A GGUF's "
+                "quantized embedding stays in its blocks (rows dequantised as they are gathered). On SmolLM2 "
+                "`auto` with `activation_dtype: float32` gives the float32 dequantisation's products bit for bit.")
     activation_dtype: str = _leaf(
-        "float32", "The dtype of the linears' inputs. `float32`: as the model computes them. `int8` (opt-in; CPU, "
-                   "`dtype: float32`, linears kept quantized: `weight_dtype: int8`, or "
-                   "`auto` on a GGUF; refused otherwise): each quantized linear's input is quantized per row and "
-                   "block of 32 (symmetric, max |x| / 127) and meets the stored weight blocks in integer dot "
-                   "products; linears held as floats keep float32 activations (logged). SmolLM2: perplexity "
-                   "+0.45%, faster decode (BENCHMARKS.md).")
+        "auto", "The dtype of the quantized linears' inputs. `auto`: `int8` where it can run (CPU, `dtype: "
+                "float32`, linears kept quantized), else `float32`. `float32`: as the model computes them, the "
+                "exact choice (greedy tokens equal HF transformers' with `cache_dtype: float32` too). `int8`: each "
+                "quantized linear's input is quantized per row and block of 32 (symmetric, max |x| / 127) and meets "
+                "the stored weight blocks in integer dot products (refused where it cannot run); linears held as "
+                "floats keep float32 activations (logged). SmolLM2: perplexity +0.45%, faster decode and prefill "
+                "(BENCHMARKS.md).")
 
 
 @dataclass
@@ -101,10 +106,11 @@ class KVCacheSection:
                 "32). NPU: `ms_atb` (our AscendC custom ops, built by scripts/build_ascend_ops.sh) or "
                 "`mindspore` (MindSpore's built-in ops). `auto`: `cpu` on the CPU, `ms_atb` on npu.")
     cache_dtype: str = _leaf(
-        "auto", "The KV cache's storage: `auto` (the model's dtype), `float16`, `bfloat16` or `int8` "
-                "(symmetric, a float32 scale per token and KV head, computed as the token is written). The model "
-                "still computes in its own dtype: the kernels convert as they read and write. Other than `auto`: "
-                "CPU only.")
+        "auto", "The KV cache's storage: `auto` (`float16` on the CPU, its quality measured against `float32` in "
+                "BENCHMARKS.md; the model's dtype on an NPU), `float32` (with `activation_dtype: float32`, greedy "
+                "tokens equal HF transformers'), `float16`, `bfloat16` or `int8` (symmetric, a float32 scale per "
+                "token and KV head, computed as the token is written). The model still computes in its own dtype: "
+                "the kernels convert as they read and write. Other than `auto`: CPU only.")
 
 
 @dataclass
@@ -328,6 +334,14 @@ def _check_int8_activations(m: "ModelSection", device_kind: str) -> None:
         raise ValueError(f"model.activation_dtype 'int8' needs linears kept quantized; weight_dtype 'auto' keeps "
                          f"them only for a GGUF checkpoint (a path ending in .gguf), and model.path is {m.path!r}: "
                          f"set weight_dtype 'int8', or activation_dtype 'float32'")
+
+
+def resolve_cache_dtype(cache_dtype: str, model_dtype: str, device: str) -> str:
+    """kv_cache.cache_dtype as the cache stores it: "auto" is float16 on the CPU (half the bytes of float32 for
+    the same perplexity and greedy tokens: docs/design.md, "Defaults") and the model's dtype on an NPU."""
+    if cache_dtype != "auto":
+        return cache_dtype
+    return "float16" if parse_device(device)[0] == "cpu" else model_dtype
 
 
 def parse_device(device: str) -> tuple[str, Union[int, None]]:

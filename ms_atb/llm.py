@@ -9,7 +9,8 @@ import time
 from typing import Iterable, Iterator, Sequence as Seq, Union
 
 from ms_atb import memory_budget
-from ms_atb.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_device, parse_size
+from ms_atb.config import (DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, parse_device, parse_size,
+                           resolve_cache_dtype)
 from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 from ms_atb.engine.engine import Engine
@@ -68,7 +69,7 @@ class LLM:
         self.num_blocks = self._size_kv_pool()
         self.weight_formats, notes = weight_formats(cfg.model.path, self.model_config, cfg.model.weight_dtype, tp,
                                                     parse_device(cfg.context.device)[0],
-                                                    cfg.model.activation_dtype)
+                                                    cfg.model.activation_dtype, cfg.model.dtype)
         for note in notes:
             self._log(note)
         if cfg.context.device == "cpu":
@@ -105,7 +106,8 @@ class LLM:
         from ms_atb.worker.model_runner import kv_cache_bytes_per_block
         cfg, kv = self.config, self.config.kv_cache
         self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size, cfg.model.dtype,
-                                                           cfg.parallel.tensor_parallel_size, kv.cache_dtype)
+                                                           cfg.parallel.tensor_parallel_size, self.cache_dtype,
+                                                           parse_device(cfg.context.device)[0])
         if kv.num_blocks != "auto":
             return kv.num_blocks
         budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
@@ -364,9 +366,9 @@ class LLM:
 
     @property
     def cache_dtype(self) -> str:
-        """The KV cache's storage dtype, "auto" resolved to the model's."""
-        kv = self.config.kv_cache
-        return self.config.model.dtype if kv.cache_dtype == "auto" else kv.cache_dtype
+        """The KV cache's storage dtype, "auto" resolved (config.resolve_cache_dtype)."""
+        cfg = self.config
+        return resolve_cache_dtype(cfg.kv_cache.cache_dtype, cfg.model.dtype, cfg.context.device)
 
     def new_scheduler(self) -> Scheduler:
         """A fresh scheduler (and block manager: an empty prefix cache) over the same KV pool."""

@@ -2,7 +2,8 @@
 how much memory this process may still take. No MindSpore import: it runs before any weight is read.
 
 Rules:
-  1. weight_bytes counts what LlamaForCausalLM holds (models/llama.py): the embedding, every layer's
+  1. weight_bytes counts what LlamaForCausalLM holds (models/llama.py): the embedding (float, or kept in a
+     GGUF block format when `formats` names it: its own panels, or none when tied to lm_head's), every layer's
      norms, fused q/k/v, o, fused gate/up and down, the final norm, an lm_head of its own even when the
      embeddings are tied (a transposed copy), and the RoPE tables. Projections are split over the tensor-
      parallel ranks (KV heads replicated past num_key_value_heads); the rest is replicated. On the CPU
@@ -54,8 +55,12 @@ def weight_bytes(config, tp_size: int, itemsize: int, packed: bool, formats: dic
                    + linear(heads * d, h, p + "self_attn.o_proj.weight")                   # o
                    + linear(h, 2 * inter, p + "mlp.gate_proj.weight")                      # gate, up
                    + linear(inter, h, p + "mlp.down_proj.weight"))                         # down
-    # embedding, layers, final norm, lm_head, RoPE tables
-    return ((c.vocab_size * h + h + 2 * c.max_position_embeddings * d) * itemsize + layers
+    # embedding (kept quantized: packed as the lm_head is, none of its own when tied), layers, final norm, lm_head,
+    # RoPE tables
+    embed = "model.embed_tokens.weight"
+    embedding = (c.vocab_size * h * itemsize if embed not in formats
+                 else 0 if c.tie_word_embeddings else linear(h, c.vocab_size, embed))
+    return (embedding + (h + 2 * c.max_position_embeddings * d) * itemsize + layers
             + linear(h, c.vocab_size, "lm_head.weight"))
 
 

@@ -10,7 +10,10 @@
 // context_lens[b] tokens. Rows owned by no sequence are zero.
 // Work item = (sequence, tile of up to kQueryTile queries, kv heads): all query heads of a kv head
 // and all queries of the tile share one pass over K/V, with an online softmax per block (decode
-// rows) or per span of blocks (prefill tiles: RunItemTiled, paged_attention_tiled.h).
+// rows) or per span of blocks (prefill tiles: RunItemTiled, paged_attention_tiled.h). A decode item over
+// more than kSpanBlocks blocks is cut into spans of kSpanBlocks blocks (one kv head each), whose partial
+// softmaxes are combined after they all ran: one long sequence keeps every thread busy. The spans are fixed by
+// position, so a row's result depends on its context alone, never on the batch or the thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,6 +43,35 @@ using ms_atb::Rows;
 
 constexpr int64_t kQueryTile = 32;
 constexpr int64_t kTiledRows = 16;  // rows per kv head from which the GEMM-tiled path pays
+constexpr int64_t kSpanBlocks = 64;  // blocks of a decode span: 1,024 tokens at 16 a block
+
+// Floats of a span item's slot in Args::partials: (max, sum, acc [D]) for each of its rows, at most a query tile's.
+int64_t SlotFloats(const Args &a) { return kQueryTile * (a.H / a.KVH) * (a.D + 2); }
+
+// An item's rows, its pass over K/V done: normalised into out, or, for a span, as (max, sum, acc) into its slot of
+// a.partials for CombineSpans.
+void Finish(const Item &it, const Args &a, const Scratch &s, float *out) {
+  const int64_t G = a.H / a.KVH, D = a.D, nq = it.q_end - it.q_begin, ng = it.kv_end - it.kv_begin;
+  const int64_t row0 = a.query_start_loc[it.seq] + it.q_begin;
+  const int64_t R = ng * nq * G;
+  if (it.part >= 0) {  // a span: its rows' (max, sum, acc) for CombineSpans
+    float *part = a.partials + it.part * SlotFloats(a);
+    for (int64_t r = 0; r < R; ++r) {
+      part[r * (D + 2)] = s.m[r];
+      part[r * (D + 2) + 1] = s.l[r];
+      std::memcpy(part + r * (D + 2) + 2, s.acc.data() + r * D, D * sizeof(float));
+    }
+    return;
+  }
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t r = (g * nq + i) * G + h;
+        const float inv = 1.0f / s.l[r];
+        float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = s.acc[r * D + d] * inv;
+      }
+}
 
 // Rows are (kv head g, query i, head h of the group); each kv head's K/V rows of a block are
 // read once for all of its rows.
@@ -70,8 +102,8 @@ void RunItem(const Item &it, const Args &a, const float *query, const C *key_cac
         for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
       }
   const int32_t *table = a.block_tables + it.seq * a.MAXB;
-  const int64_t nblocks = last_pos / BS + 1;
-  for (int64_t j = 0; j < nblocks; ++j) {
+  const int64_t nblocks = std::min(last_pos / BS + 1, it.j_end);
+  for (int64_t j = it.j_begin; j < nblocks; ++j) {
     const int64_t base = j * BS;
     const int64_t ntok = std::min(BS, last_pos + 1 - base);
     for (int64_t r = 0; r < RG; ++r) s.valid[r] = std::min(ntok, first_pos + r / G - base + 1);
@@ -116,27 +148,89 @@ void RunItem(const Item &it, const Args &a, const float *query, const C *key_cac
       }
     }
   }
-  for (int64_t g = 0; g < ng; ++g)
-    for (int64_t i = 0; i < nq; ++i)
-      for (int64_t h = 0; h < G; ++h) {
-        const int64_t r = (g * nq + i) * G + h;
-        const float inv = 1.0f / s.l[r];
-        float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = s.acc[r * D + d] * inv;
-      }
+  Finish(it, a, s, out);
 }
 
+// The rows of the spans items[first, first + n) of one (sequence, query tile, kv head), in span order, into out:
+// max m = max of the spans' maxima, sum = sum of l_s e^(m_s - m), out = sum of acc_s e^(m_s - m) / sum.
+void CombineSpans(const Args &a, const Item *spans, int64_t n, float *out) {
+  const Item &it = spans[0];
+  const int64_t G = a.H / a.KVH, D = a.D, nq = it.q_end - it.q_begin, R = nq * G;
+  const int64_t row0 = a.query_start_loc[it.seq] + it.q_begin;
+  std::vector<float> acc(D);
+  for (int64_t r = 0; r < R; ++r) {
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t k = 0; k < n; ++k) m = std::max(m, a.partials[spans[k].part * SlotFloats(a) + r * (D + 2)]);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t k = 0; k < n; ++k) {
+      const float *part = a.partials + spans[k].part * SlotFloats(a) + r * (D + 2);
+      if (part[1] == 0.0f) continue;  // no token of this span is visible to the row
+      const float w = ms_atb::ExpNonPositive(part[0] - m);
+      l += part[1] * w;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] += part[2 + d] * w;
+    }
+    const int64_t i = r / G, h = r % G;
+    float *dst = out + ((row0 + i) * a.H + it.kv_begin * G + h) * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * (1.0f / l);
+  }
+}
+
+bool Tiled(const Item &it, const Args &a) {
+  return (it.q_end - it.q_begin) * (a.H / a.KVH) >= kTiledRows && a.D % ms_atb::kTileCols == 0;
+}
+
+// items, then the spans' combinations (`spans`: the first item of each run of spans of one row group, and its
+// count).
 template <typename C>
-void Run(const Args &a, const std::vector<Item> &items, const float *q, const void *kc, const void *vc, float *o) {
-  ms_atb::ThreadPool::Get().Run(static_cast<int64_t>(items.size()), [&](int64_t i) {
+void Run(const Args &a, const std::vector<Item> &items, const std::vector<std::pair<int64_t, int64_t>> &spans,
+         const float *q, const void *kc, const void *vc, float *o) {
+  ms_atb::ThreadPool &pool = ms_atb::ThreadPool::Get();
+  pool.Run(static_cast<int64_t>(items.size()), [&](int64_t i) {
     thread_local Scratch scratch;
     const Item &it = items[i];
-    if ((it.q_end - it.q_begin) * (a.H / a.KVH) >= kTiledRows && a.D % ms_atb::kTileCols == 0) {
+    if (Tiled(it, a)) {
       RunItemTiled<C>(it, a, q, static_cast<const C *>(kc), static_cast<const C *>(vc), o, scratch);
       return;
     }
     RunItem<C>(it, a, q, static_cast<const C *>(kc), static_cast<const C *>(vc), o, scratch);
   });
+  pool.Run(static_cast<int64_t>(spans.size()),
+           [&](int64_t i) { CombineSpans(a, items.data() + spans[i].first, spans[i].second, o); });
+}
+
+// The work items of the sequences (see the top of this file), the longest first, and the runs of spans of each
+// row group split over a long context (first item, count), those kept in order and after the others; their
+// partial results take `parts` slots of Args::partials.
+void PlanItems(const Args &a, std::vector<Item> &items, std::vector<std::pair<int64_t, int64_t>> &spans,
+               int64_t &parts) {
+  std::vector<Item> whole, split;
+  for (const Item &it : items) {
+    const int64_t nblocks = (a.context_lens[it.seq] - (a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq]) +
+                             it.q_end - 1) / a.BS + 1;
+    if (Tiled(it, a) || nblocks <= kSpanBlocks) {
+      whole.push_back(it);
+      continue;
+    }
+    for (int64_t g = it.kv_begin; g < it.kv_end; ++g) {
+      spans.emplace_back(static_cast<int64_t>(split.size()), (nblocks + kSpanBlocks - 1) / kSpanBlocks);
+      for (int64_t j = 0; j < nblocks; j += kSpanBlocks)
+        split.push_back({it.seq, g, g + 1, it.q_begin, it.q_end, std::min(nblocks - j, kSpanBlocks), j,
+                         j + kSpanBlocks, parts++});
+    }
+  }
+  // Few whole items: split them over kv heads too, so every thread has work.
+  if (static_cast<int64_t>(whole.size() + split.size()) < 4 * ms_atb::ThreadPool::Get().num_threads() && a.KVH > 1) {
+    std::vector<Item> by_head;
+    for (const Item &it : whole)
+      for (int64_t g = it.kv_begin; g < it.kv_end; ++g)
+        by_head.push_back({it.seq, g, g + 1, it.q_begin, it.q_end, it.cost});
+    whole.swap(by_head);
+  }
+  std::stable_sort(whole.begin(), whole.end(), [](const Item &x, const Item &y) { return x.cost > y.cost; });
+  for (auto &run : spans) run.first += static_cast<int64_t>(whole.size());
+  items = whole;
+  items.insert(items.end(), split.begin(), split.end());
 }
 
 int Fail(const char *msg) {
@@ -145,13 +239,13 @@ int Fail(const char *msg) {
 }
 
 // float32 queries and output; the caches in their own dtype.
-int RunCaches(ms_atb::DType cache, const Args &a, const std::vector<Item> &items, const float *q, void **params,
-              float *out) {
+int RunCaches(ms_atb::DType cache, const Args &a, const std::vector<Item> &items,
+              const std::vector<std::pair<int64_t, int64_t>> &spans, const float *q, void **params, float *out) {
   switch (cache) {
-    case ms_atb::DType::kFloat32: Run<float>(a, items, q, params[1], params[2], out); return 0;
-    case ms_atb::DType::kFloat16: Run<ms_atb::Half>(a, items, q, params[1], params[2], out); return 0;
-    case ms_atb::DType::kBFloat16: Run<ms_atb::BFloat16>(a, items, q, params[1], params[2], out); return 0;
-    case ms_atb::DType::kInt8: Run<int8_t>(a, items, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kFloat32: Run<float>(a, items, spans, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kFloat16: Run<ms_atb::Half>(a, items, spans, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kBFloat16: Run<ms_atb::BFloat16>(a, items, spans, q, params[1], params[2], out); return 0;
+    case ms_atb::DType::kInt8: Run<int8_t>(a, items, spans, q, params[1], params[2], out); return 0;
     default: return Fail("caches must be float32, float16, bfloat16 or int8");
   }
 }
@@ -219,14 +313,14 @@ int Attend(int nparam, void **params, int *ndims, int64_t **shapes, const char *
       items.push_back({b, 0, a.KVH, q0, q1, (ctx - nq + q1) * (q1 - q0 + 1)});
     }
   }
-  // Few (sequence, tile) items: split them over kv heads too, so every thread has work.
-  if (static_cast<int64_t>(items.size()) < 4 * ms_atb::ThreadPool::Get().num_threads() && a.KVH > 1) {
-    std::vector<Item> split;
-    for (const Item &it : items)
-      for (int64_t g = 0; g < a.KVH; ++g) split.push_back({it.seq, g, g + 1, it.q_begin, it.q_end, it.cost});
-    items.swap(split);
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  int64_t parts = 0;
+  PlanItems(a, items, spans, parts);
+  std::vector<float> partials;
+  if (parts > 0) {
+    partials.resize(static_cast<size_t>(parts * SlotFloats(a)));
+    a.partials = partials.data();
   }
-  std::stable_sort(items.begin(), items.end(), [](const Item &x, const Item &y) { return x.cost > y.cost; });
 
   // Queries and output are float32 inside; float16 and bfloat16 ones are converted on the way in and out.
   const int64_t n = T * a.H * a.D;
@@ -245,7 +339,7 @@ int Attend(int nparam, void **params, int *ndims, int64_t **shapes, const char *
     q = q_buf.data();
     out = out_buf.data();
   }
-  const int status = RunCaches(cache, a, items, q, params, out);
+  const int status = RunCaches(cache, a, items, spans, q, params, out);
   if (!wide && status == 0)
     (dt == ms_atb::DType::kFloat16 ? ms_atb::Convert<ms_atb::Half> : ms_atb::Convert<ms_atb::BFloat16>)(params[nparam - 1], out, n, true);
   return status;

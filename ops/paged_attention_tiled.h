@@ -27,6 +27,9 @@ constexpr int64_t kSpanTokens = 48;  // cache tokens per softmax update in the G
 struct Item {
   int64_t seq, kv_begin, kv_end, q_begin, q_end;  // q_* index into the sequence's queries
   int64_t cost;
+  // A span of a long context (decode items only): blocks [j_begin, j_end) of the table, its partial softmax
+  // written to slot `part` of Args::partials and combined after all items ran; part -1: the whole context.
+  int64_t j_begin = 0, j_end = INT64_MAX, part = -1;
 };
 
 struct Args {
@@ -34,6 +37,7 @@ struct Args {
   const int32_t *block_tables, *context_lens, *query_start_loc;
   const float *key_scales, *value_scales;  // [NB, BS, KVH] for int8 caches; null otherwise
   float scale;
+  float *partials = nullptr;  // [parts][rows][D + 2]: each span item's rows as (max, sum, acc [D])
 };
 
 // The scales of the KVH-strided rows that start at cache element offset `offset` (a multiple of D), or null.

@@ -17,9 +17,11 @@
 #ifndef MS_ATB_OPS_QUANT_DOT_H_
 #define MS_ATB_OPS_QUANT_DOT_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "quant_gemv.h"
 
@@ -94,6 +96,9 @@ inline Ints DotSigned(Ints acc, const Signed &w, int32_t x4) {
 }
 inline Ints AddInt(Ints a, int32_t b) { return {_mm512_add_epi32(a.v, _mm512_set1_epi32(b))}; }
 inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(a.v)}; }
+// The sums as they are now, opaque to the optimiser: a chain of integer additions stays a chain (reassociated, it
+// becomes a tree whose every product is computed first and spilled to the stack).
+inline void Chain(Ints &a) { asm("" : "+v"(a.v)); }
 #if defined(__AVX512VNNI__)
 using Pairs = Ints;  // dpbusd sums into int32 directly
 inline Pairs PairsZero() { return IntsZero(); }
@@ -106,6 +111,7 @@ inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) {
   return {_mm512_add_epi16(acc.v, _mm512_maddubs_epi16(u.v, _mm512_set1_epi32(x4)))};
 }
 inline Ints Widen(Pairs p) { return {_mm512_madd_epi16(p.v, _mm512_set1_epi16(1))}; }
+inline void Chain(Pairs &a) { asm("" : "+v"(a.v)); }
 #endif
 #elif defined(__AVX2__) && (defined(__FMA__) || defined(__AVX512F__))
 struct Ints { __m256i lo, hi; };   // columns 0..7, 8..15
@@ -152,6 +158,8 @@ inline Ints Widen(Pairs p) {
   const __m256i one = _mm256_set1_epi16(1);
   return {_mm256_madd_epi16(p.lo, one), _mm256_madd_epi16(p.hi, one)};
 }
+inline void Chain(Ints &a) { asm("" : "+x"(a.lo), "+x"(a.hi)); }     // as the AVX-512 section's
+inline void Chain(Pairs &a) { asm("" : "+x"(a.lo), "+x"(a.hi)); }
 #if defined(__AVX512F__)
 inline Vec ToVec(Ints a) { return {_mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(a.lo), a.hi, 1))}; }
 #else
@@ -198,6 +206,7 @@ using Pairs = Ints;  // int32 sums: no narrower partial sums to widen
 inline Pairs PairsZero() { return IntsZero(); }
 inline Pairs MulAddPairs(Pairs acc, Group u, int32_t x4) { return DotUnsigned(acc, u, x4); }
 inline Ints Widen(Pairs p) { return p; }
+inline void Chain(Ints &) {}
 inline Vec ToVec(Ints a) {
   Vec r;
   for (int c = 0; c < kQuantPanel; ++c) r.v[c] = static_cast<float>(a.v[c]);
@@ -211,40 +220,103 @@ inline int32_t Four(const int8_t *q) {  // 4 quants of x as one 32-bit lane
   return v;
 }
 
-// One panel times MR rows of x (rows r of xq from row0) into y[r * ldy ... + 16].
+// One block's integer sums for MR rows: sum[r][c] = sum over the block's k of q_w[k][c] * q_x[r][k] (Q4: the
+// nibbles; the Q4_0 offset and the scales come after). q: the block's quants; xb[r]: row r's 32 quants.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// AVX2, written for its 16 registers: a row's sums of both 8-column halves stay in registers while a group's
+// weight bytes are prepared once for all rows (low nibbles, then high ones), and the products of a group go
+// straight into the sums.
+inline void Chain(__m256i &v) { asm("" : "+x"(v)); }     // as Chain(Ints &)
+
 template <QuantFormat F, int MR>
-void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t nb, float *y, int64_t ldy) {
-  Vec acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = gemv::Zero();
+inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
+  const __m256i one = _mm256_set1_epi16(1);
+  __m256i s0[MR], s1[MR];  // columns 0..7, 8..15
+  for (int r = 0; r < MR; ++r) s0[r] = s1[r] = _mm256_setzero_si256();
+  if constexpr (IsNibbles(F)) {
+    // Nibble pairs: each maddubs pair is at most 2 x 15 x 127 = 3810, so a block's 8 of them sum to at most
+    // 30480 in int16 before one widening a block.
+    const __m256i m = _mm256_set1_epi8(15);
+    for (int g = 0; g < kQuantBlock / 8; ++g) {
+      const __m256i *w = reinterpret_cast<const __m256i *>(q + 64 * g);
+      const __m256i l0 = _mm256_and_si256(_mm256_loadu_si256(w), m);
+      const __m256i l1 = _mm256_and_si256(_mm256_loadu_si256(w + 1), m);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_set1_epi32(Four(xb[r] + 4 * g));
+        s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(l0, x));
+        s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(l1, x));
+        Chain(s0[r]);
+        Chain(s1[r]);
+      }
+      const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(w), 4), m);
+      const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(w + 1), 4), m);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_set1_epi32(Four(xb[r] + 16 + 4 * g));
+        s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(h0, x));
+        s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(h1, x));
+        Chain(s0[r]);
+        Chain(s1[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) sum[r] = {_mm256_madd_epi16(s0[r], one), _mm256_madd_epi16(s1[r], one)};
+  } else {
+    // Signed weights: |w| unsigned, x given w's sign; a pair is at most 2 x 127 x 127, widened at once.
+    for (int g = 0; g < kQuantBlock / 4; ++g) {
+      const __m256i *w = reinterpret_cast<const __m256i *>(q + 64 * g);
+      const __m256i w0 = _mm256_loadu_si256(w), w1 = _mm256_loadu_si256(w + 1);
+      const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_set1_epi32(Four(xb[r] + 4 * g));
+        s0[r] = _mm256_add_epi32(s0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), one));
+        s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), one));
+        Chain(s0[r]);
+        Chain(s1[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) sum[r] = {s0[r], s1[r]};
+  }
+}
+#else
+template <QuantFormat F, int MR>
+inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
+  for (int r = 0; r < MR; ++r) sum[r] = IntsZero();
+  if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
+    for (int g = 0; g < kQuantBlock / 4; ++g) {
+      const Signed w = PrepareSigned(Load(q + 64 * g));
+      for (int r = 0; r < MR; ++r) {
+        sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
+        Chain(sum[r]);
+      }
+    }
+  } else {
+    // Nibble pairs: at most 3810 each, 30480 for a block's 8 in int16 (Pairs) before one widening a block.
+    Pairs pairs[MR];
+    for (int r = 0; r < MR; ++r) pairs[r] = PairsZero();
+    for (int g = 0; g < kQuantBlock / 8; ++g) {
+      const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
+      for (int r = 0; r < MR; ++r) {
+        pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
+        Chain(pairs[r]);
+        pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
+        Chain(pairs[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
+  }
+}
+#endif
+
+// Blocks [b0, b1) of one panel times MR rows of x (rows r of xq from row0), added to acc[r] (16 columns each).
+template <QuantFormat F, int MR>
+void PanelBlocks(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t b0, int64_t b1, Vec *acc) {
   const uint8_t *blocks = panel + QuantHeaderBytes(F);
   const int64_t nbx = xq.kq / kQuantBlock;
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     const uint8_t *blk = blocks + b * QuantBlockBytes(F);
     const int8_t *xb[MR];
     for (int r = 0; r < MR; ++r) xb[r] = xq.q + (row0 + r) * xq.kq + b * kQuantBlock;
     Ints sum[MR];
-    for (int r = 0; r < MR; ++r) sum[r] = IntsZero();
-    if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
-      const uint8_t *q = blk + (F == QuantFormat::kQ8_0 ? 32 : 0);
-      for (int g = 0; g < kQuantBlock / 4; ++g) {
-        const Signed w = PrepareSigned(Load(q + 64 * g));
-        for (int r = 0; r < MR; ++r) sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
-      }
-    } else {
-      // Nibble pairs: each maddubs pair is at most 2 x 15 x 127 = 3810, so a block's 8 of them sum to at most
-      // 30480 in int16 (Pairs) before one widening a block.
-      const uint8_t *q = blk + (F == QuantFormat::kQ4_1 ? 64 : 32);
-      Pairs pairs[MR];
-      for (int r = 0; r < MR; ++r) pairs[r] = PairsZero();
-      for (int g = 0; g < kQuantBlock / 8; ++g) {
-        const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
-        for (int r = 0; r < MR; ++r) {
-          pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
-          pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
-        }
-      }
-      for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
-    }
+    BlockSums<F, MR>(blk + QuantsAt(F), xb, sum);
     if constexpr (F == QuantFormat::kInt8) {
       for (int r = 0; r < MR; ++r)
         acc[r] = gemv::Fma(ToVec(sum[r]), gemv::Splat(xq.d[(row0 + r) * nbx + b]), acc[r]);
@@ -259,28 +331,64 @@ void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t 
       }
     }
   }
+}
+
+// Blocks [b0, b1) of one panel times MR rows into y[r * ldy ... + 16]: the sums so far are read from y unless
+// the range starts at block 0, and an Int8 panel's column scales applied when it ends at the last block nb.
+// Each column's sum is one float chain in block order however the blocks are split.
+template <QuantFormat F, int MR>
+void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t b0, int64_t b1, int64_t nb, float *y,
+               int64_t ldy) {
+  Vec acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = b0 == 0 ? gemv::Zero() : gemv::LoadFloats(reinterpret_cast<uint8_t *>(y + r * ldy));
+  PanelBlocks<F, MR>(xq, row0, panel, b0, b1, acc);
   for (int r = 0; r < MR; ++r) {
-    if constexpr (F == QuantFormat::kInt8) acc[r] = gemv::Mul(acc[r], gemv::LoadFloats(panel));
+    if constexpr (F == QuantFormat::kInt8)
+      if (b1 == nb) acc[r] = gemv::Mul(acc[r], gemv::LoadFloats(panel));
     gemv::Store(y + r * ldy, acc[r]);
   }
 }
 
-// Panels [p0, p1) times rows [r0, r1) of x: panel by panel, each panel for every group of up to 4 rows while
-// its bytes are in L1. y: row 0, column 0 of the output.
+constexpr int64_t kDotChunkBlocks = 8;   // blocks of k a pass of many rows takes: 256 k, 2.3-4.3 KiB a panel
+constexpr int64_t kDotTileBytes = 16 << 10;   // the most sums a pass of many rows keeps: 64 rows x 4 panels
+
+// Panels [p0, p1) times rows [r0, r1) of x; y: row 0, column 0 of the output. With more than one group of 4
+// rows, the panels go a few at a time, their sums for every row (within kDotTileBytes) kept in a contiguous
+// buffer (y's rows, N floats apart, would meet in the same cache sets), and k in chunks of kDotChunkBlocks
+// blocks: a chunk of every row's quants (at most 64 rows: 16 KiB) and the sums stay in L1 while the panels'
+// chunks pass, each read once for all the groups of rows.
 template <QuantFormat F>
 void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, int64_t panel_bytes, int64_t nb,
                 int64_t p0, int64_t p1, float *y, int64_t ldy) {
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t *panel = w + p * panel_bytes;
-    for (int64_t r = r0; r < r1; r += 4) {
-      float *yr = y + r * ldy + p * kQuantPanel;
-      switch (r1 - r < 4 ? r1 - r : 4) {
-        case 1: PanelRows<F, 1>(xq, r, panel, nb, yr, ldy); break;
-        case 2: PanelRows<F, 2>(xq, r, panel, nb, yr, ldy); break;
-        case 3: PanelRows<F, 3>(xq, r, panel, nb, yr, ldy); break;
-        default: PanelRows<F, 4>(xq, r, panel, nb, yr, ldy); break;
+  const int64_t rows = r1 - r0;
+  const bool tiled = rows > 4;
+  const int64_t tile = tiled ? std::max<int64_t>(1, kDotTileBytes / (rows * kQuantPanel * 4)) : p1 - p0;
+  const int64_t chunk = tiled ? kDotChunkBlocks : nb;
+  thread_local std::vector<float> sums;   // [tile panels][rows][16]
+  if (tiled && sums.size() < static_cast<size_t>(tile * rows * kQuantPanel))
+    sums.resize(static_cast<size_t>(tile * rows * kQuantPanel));
+  for (int64_t t0 = p0; t0 < p1; t0 += tile) {
+    const int64_t t1 = std::min(p1, t0 + tile);
+    for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+      const int64_t b1 = std::min(nb, b0 + chunk);
+      for (int64_t p = t0; p < t1; ++p) {
+        const uint8_t *panel = w + p * panel_bytes;
+        for (int64_t r = r0; r < r1; r += 4) {
+          float *yr = tiled ? sums.data() + ((p - t0) * rows + r - r0) * kQuantPanel : y + r * ldy + p * kQuantPanel;
+          const int64_t ld = tiled ? kQuantPanel : ldy;
+          switch (r1 - r < 4 ? r1 - r : 4) {
+            case 1: PanelRows<F, 1>(xq, r, panel, b0, b1, nb, yr, ld); break;
+            case 2: PanelRows<F, 2>(xq, r, panel, b0, b1, nb, yr, ld); break;
+            case 3: PanelRows<F, 3>(xq, r, panel, b0, b1, nb, yr, ld); break;
+            default: PanelRows<F, 4>(xq, r, panel, b0, b1, nb, yr, ld); break;
+          }
+        }
       }
     }
+    for (int64_t p = t0; p < t1 && tiled; ++p)
+      for (int64_t r = r0; r < r1; ++r)
+        std::memcpy(y + r * ldy + p * kQuantPanel, sums.data() + ((p - t0) * rows + r - r0) * kQuantPanel,
+                    kQuantPanel * sizeof(float));
   }
 }
 

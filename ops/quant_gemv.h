@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "dtype.h"
+#include "quant_layout.h"
 
 #if (defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -23,19 +24,10 @@
 
 namespace ms_atb {
 
-enum class QuantFormat { kQ8_0, kQ4_0, kQ4_1, kInt8 };
-
-constexpr int64_t kQuantPanel = 16;  // columns per panel
-constexpr int64_t kQuantBlock = 32;  // rows of k per block
 // The most rows of x the small-batch path takes: on AVX2 (Zen) it beats the tile path up to 16 rows (re-reading
 // each panel from L1 per 4 rows); 8 covers the decode batches where the gap is widest.
 constexpr int64_t kGemvMaxRows = 8;
 
-constexpr int64_t QuantBlockBytes(QuantFormat f) {
-  return f == QuantFormat::kQ8_0 ? 32 + 512 : f == QuantFormat::kQ4_0 ? 32 + 256
-         : f == QuantFormat::kQ4_1 ? 64 + 256 : 512;
-}
-constexpr int64_t QuantHeaderBytes(QuantFormat f) { return f == QuantFormat::kInt8 ? 64 : 0; }
 
 namespace gemv {
 

@@ -9,9 +9,12 @@ ops/quant_dot.h: x quantized per row and block of 32, integer dot products with 
 takes its weight in the dot layout (each block's quants re-ordered, 4 k of a column in a 32-bit lane), packed
 at load: `activations` of pack_gguf / quantize_int8 / dequantize / QuantMatMul must agree.
 """
+import functools
+
 import numpy as np
 
 from ms_atb.formats.gguf_reader import GGUF_BLOCK_BYTES
+from ms_atb.ops import build
 from ms_atb.ops.matmul import PanelMatMul
 
 PANEL = 16   # columns per panel
@@ -63,10 +66,13 @@ def packed_shape(fmt: str, in_features: int, out_features: int) -> tuple[int, in
     return (-(-out_features // PANEL), panel_bytes(fmt, in_features))
 
 
-def pack_gguf(raw: np.ndarray, fmt: str, in_features: int, activations: str = "float32") -> np.ndarray:
+def pack_gguf(raw: np.ndarray, fmt: str, in_features: int, activations: str = "float32",
+              out: np.ndarray | None = None, first_panel: int = 0) -> np.ndarray:
     """GGUF rows [N, K / 32 * block bytes] uint8 (one row per output column of W [K, N]) -> [P, panel_bytes]
     int8, in the layout of `activations`' kernel. The values are the stored bits, re-ordered: nothing is
-    re-quantized."""
+    re-quantized. Packed by the kernel library (QuantPack, ops/quant_pack.cc: panels in parallel). out: a buffer
+    [P', panel_bytes] to pack into, its panels first_panel .. first_panel + ceil(N / 16) - 1 (the part of a fused
+    linear); None: a new one of ceil(N / 16) panels."""
     _check_format(fmt)
     check_activations(activations)
     if fmt == "int8":
@@ -79,20 +85,19 @@ def pack_gguf(raw: np.ndarray, fmt: str, in_features: int, activations: str = "f
     if raw.shape != (n, nb * GGUF_BLOCK_BYTES[fmt]):
         raise ValueError(f"{fmt} rows must be [N, {nb * GGUF_BLOCK_BYTES[fmt]}] bytes for in_features "
                          f"{in_features}, got {raw.shape}")
-    p = -(-n // PANEL)
-    blocks = np.zeros((p * PANEL, nb, GGUF_BLOCK_BYTES[fmt]), np.uint8)
-    blocks[:n] = raw.reshape(n, nb, -1)
-    blocks = blocks.reshape(p, PANEL, nb, -1).transpose(0, 2, 1, 3)   # [P, nb, 16 columns, GGUF block]
-    # Per field: [P, nb, 16, bytes] -> [P, nb, bytes of the field for the 16 columns], column-minor.
-    if fmt == "q8_0":
-        parts = [blocks[..., :2], blocks[..., 2:].transpose(0, 1, 3, 2)]             # d; q[32][16]
-    elif fmt == "q4_0":
-        parts = [blocks[..., :2], blocks[..., 2:].transpose(0, 1, 3, 2)]             # d; q[16][16]
-    else:
-        parts = [blocks[..., :2], blocks[..., 2:4], blocks[..., 4:].transpose(0, 1, 3, 2)]  # d; m; q[16][16]
-    out = np.concatenate([np.ascontiguousarray(x).reshape(p, nb, -1) for x in parts], axis=2)
-    out = out.reshape(p, nb * _BLOCK_BYTES[fmt]).view(np.int8)
-    return _dot_layout(out, fmt, in_features) if activations == "int8" else out
+    if out is None:
+        out = np.empty(packed_shape(fmt, in_features, n), np.int8)
+    assert out.shape[1] == panel_bytes(fmt, in_features) and out.flags.c_contiguous and out.itemsize == 1
+    spec = np.array([FORMATS.index(fmt), activations == "int8", first_panel], np.int32)
+    status = build.call_kernel(_library().QuantPack, [np.ascontiguousarray(raw), spec, out])
+    assert status == 0, "QuantPack refused its arguments (its message is on stderr)"
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    import ctypes
+    return ctypes.CDLL(build.kernel_library())
 
 
 def quantize_int8(w: np.ndarray, activations: str = "float32") -> np.ndarray:

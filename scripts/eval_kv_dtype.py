@@ -6,10 +6,14 @@
 2. Greedy agreement on the chat prompts of examples/demo_prompts.jsonl, --max-tokens tokens each (ignore_eos):
    how many outputs are identical to float32's, and the mean number of tokens before the first difference.
 
-    .venv/bin/python scripts/eval_kv_dtype.py [--dtypes auto,float16,bfloat16,int8] [--chunk 128]
-Each dtype's result is saved as it completes (out/eval_kv_dtype.<dtype>.json); the table compares those of
---dtypes found there, so the dtypes may also be measured by separate processes and tabulated with --table-only:
-    for d in auto float16 bfloat16 int8; do .venv/bin/python scripts/eval_kv_dtype.py --dtypes $d & done; wait
+    .venv/bin/python scripts/eval_kv_dtype.py [--dtypes float32,float16,bfloat16,int8] [--chunk 128]
+                                              [--activation-dtype float32|int8|auto]
+auto is the dtype kv_cache.cache_dtype auto stores on the CPU (float16). --activation-dtype is the quantized
+linears' inputs in every run (float32 by default: the cache's effect alone; int8 or auto: beside the default
+activations). Each dtype's result is saved as it completes (out/eval_kv_dtype.<dtype>[.a8].json); the table
+compares those of --dtypes found there against float32's, so the dtypes may also be measured by separate
+processes and tabulated with --table-only:
+    for d in float32 float16 bfloat16 int8; do .venv/bin/python scripts/eval_kv_dtype.py --dtypes $d & done; wait
     .venv/bin/python scripts/eval_kv_dtype.py --table-only
 """
 import argparse
@@ -23,6 +27,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TEXT = os.path.join(ROOT, "scripts", "data", "kv_eval_text.txt")
 PROMPTS = os.path.join(ROOT, "examples", "demo_prompts.jsonl")
+DTYPES = ("float32", "auto", "float16", "bfloat16", "int8")    # kv_cache.cache_dtype values measured
 
 
 def eval_inputs(config: str) -> tuple[list[int], list]:
@@ -72,7 +77,7 @@ def measure(args, ids, conversations, **engine) -> dict:
 
 
 def measure_cache_dtype(args, cache_dtype, ids, conversations) -> dict:
-    result = measure(args, ids, conversations, cache_dtype=cache_dtype)
+    result = measure(args, ids, conversations, cache_dtype=cache_dtype, activation_dtype=args.activation_dtype)
     stats = result.pop("llm").stats()
     result.update(cache_dtype=stats["cache_dtype"], bytes_per_block=stats["bytes_per_block"],
                   num_blocks=stats["num_blocks"])
@@ -83,7 +88,9 @@ def measure_cache_dtype(args, cache_dtype, ids, conversations) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.yaml"))
-    ap.add_argument("--dtypes", default="auto,float16,bfloat16,int8", help="the first is the reference")
+    ap.add_argument("--dtypes", default="float32,float16,bfloat16,int8", help="float32 is the reference")
+    ap.add_argument("--activation-dtype", default="float32", choices=["auto", "float32", "int8"],
+                    help="model.activation_dtype of every run (the cache's reference runs with the same)")
     ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens: prefill tokens a step")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-model-len", type=int, default=3072)
@@ -95,27 +102,30 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
 
     ids, conversations = eval_inputs(args.config)
-    print(f"{host_line()}; model computes in float32")
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        ap.error(f"--dtypes: {bad[0]!r} is not one of {DTYPES}")
+    tag = "" if args.activation_dtype == "float32" else f".a{args.activation_dtype}"
+    print(f"{host_line()}; model computes in float32, {args.activation_dtype} activations into its quantized linears")
     print(f"text: {os.path.relpath(TEXT, ROOT)}, {len(ids)} tokens, prefill chunks of {args.chunk} "
           f"({math.ceil(len(ids) / args.chunk)} steps); greedy: {len(conversations)} chat prompts x "
           f"{args.max_tokens} tokens (ignore_eos)\n", flush=True)
     for d in ([] if args.table_only else dtypes):
         r = measure_cache_dtype(args, d, ids, conversations)
         r["text_tokens"], r["config"] = len(ids), vars(args)
-        with open(os.path.join(args.out, f"eval_kv_dtype.{d}.json"), "w") as f:
+        with open(os.path.join(args.out, f"eval_kv_dtype.{d}{tag}.json"), "w") as f:
             json.dump(r, f)
         print(f"  {r['cache_dtype']}: perplexity {r['perplexity']:.4f} ({r['seconds']:.0f} s)", flush=True)
-    saved = {d: os.path.join(args.out, f"eval_kv_dtype.{d}.json")
-             for d in ("auto", "float16", "bfloat16", "int8")}
+    saved = {d: os.path.join(args.out, f"eval_kv_dtype.{d}{tag}.json") for d in DTYPES}
     results = {}
     for d, path in saved.items():
         if os.path.exists(path):
             with open(path) as f:
                 results[d] = json.load(f)
-    if "auto" not in results or len(results) < 2:
+    if "float32" not in results or len(results) < 2:
         return
     dtypes = list(results)
-    ref = results["auto"]
+    ref = results["float32"]
     print(f"\n| cache dtype | bytes / block | perplexity | vs {ref['cache_dtype']} | identical greedy outputs | "
           f"mean tokens before first difference |")
     print("|---|---|---|---|---|---|")
@@ -128,7 +138,7 @@ def main() -> None:
         print(f"| {r['cache_dtype']} | {r['bytes_per_block']:,} | {r['perplexity']:.4f} | "
               f"{(r['perplexity'] / ref['perplexity'] - 1) * 100:+.3f}% | {r['identical']} of {len(same)} | "
               f"{r['mean_first_difference']:.1f} of {args.max_tokens} |")
-    print(f"\nresults: {args.out}/eval_kv_dtype.<dtype>.json")
+    print(f"\nresults: {args.out}/eval_kv_dtype.<dtype>{tag}.json")
 
 
 if __name__ == "__main__":

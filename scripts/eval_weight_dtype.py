@@ -3,11 +3,13 @@
 The embedded GGUF stores Q4_1 blocks: `float32` multiplies their float32 dequantisation (the reference),
 `auto` the Q4_1 blocks as stored (lm_head: the tied embedding's Q8_0 blocks), `int8` per-output-channel int8
 re-quantized on load from the dequantised values; `auto+a8` and `int8+a8` the same weights with
-model.activation_dtype int8 (the quantized linears' inputs quantized per row and block of 32). Measured as scripts/eval_kv_dtype.py does for the KV cache:
+model.activation_dtype int8 (the quantized linears' inputs quantized per row and block of 32); each with a
+float32 KV cache. `default` is the engine as shipped: every setting auto (Q4_1 as stored, int8 activations, a
+float16 KV cache on the CPU). Measured as scripts/eval_kv_dtype.py does for the KV cache:
 1. perplexity on scripts/data/kv_eval_text.txt, teacher-forced through prompt log-probabilities;
 2. greedy agreement with float32 on the chat prompts of examples/demo_prompts.jsonl (--max-tokens each).
 
-    .venv/bin/python scripts/eval_weight_dtype.py [--dtypes float32,auto,int8,auto+a8,int8+a8] [--chunk 128]
+    .venv/bin/python scripts/eval_weight_dtype.py [--dtypes float32,auto,int8,auto+a8,int8+a8,default] [--chunk 128]
 Each dtype's result is saved as it completes (out/eval_weight_dtype.<dtype>.json); --table-only tabulates them.
 """
 import argparse
@@ -17,13 +19,16 @@ import os
 
 from eval_kv_dtype import ROOT, TEXT, eval_inputs, first_difference, host_line, measure
 
-DTYPES = ("float32", "auto", "int8", "auto+a8", "int8+a8")   # +a8: activation_dtype int8
+DTYPES = ("float32", "auto", "int8", "auto+a8", "int8+a8", "default")   # +a8: activation_dtype int8
 
 
 def measure_weight_dtype(args, variant, ids, conversations) -> dict:
-    weight_dtype, _, a8 = variant.partition("+")
-    result = measure(args, ids, conversations, weight_dtype=weight_dtype,
-                     activation_dtype="int8" if a8 else "float32")
+    if variant == "default":
+        weight_dtype, engine = "auto", {}
+    else:
+        weight_dtype, _, a8 = variant.partition("+")
+        engine = dict(weight_dtype=weight_dtype, activation_dtype="int8" if a8 else "float32", cache_dtype="float32")
+    result = measure(args, ids, conversations, **engine)
     llm = result.pop("llm")
     result.update(weight_dtype=weight_dtype, formats=sorted(set(llm.weight_formats.values())) or ["float32"])
     del llm

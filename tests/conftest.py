@@ -7,7 +7,7 @@ os.environ.setdefault("MS_ATB_GRAPH_CACHE", "off")   # engines under test keep n
 
 import pytest
 
-from engine_helpers import TINY_BUILD, TINY_CONFIG, scheduler_state, with_buckets
+from engine_helpers import EXACT, TINY_BUILD, TINY_CONFIG, scheduler_state, with_buckets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Modules that share a session-scoped engine other than the tiny one run on one pytest-xdist worker.
@@ -89,7 +89,8 @@ def cli_on_tiny_engine(tiny_engine, monkeypatch):
     def key(config, num_blocks, max_model_len, tp_rank):
         return (config.model.path, config.model.dtype, num_blocks, config.kv_cache.block_size,
                 config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, max_model_len,
-                config.context.device, config.parallel.tensor_parallel_size, tp_rank)
+                config.context.device, config.parallel.tensor_parallel_size, tp_rank, config.kv_cache.cache_dtype,
+                config.model.activation_dtype, config.model.weight_dtype)
     shared = key(tiny_engine.config, TINY_BUILD["num_blocks"], tiny_engine.max_model_len, 0)
 
     def runner(config, num_blocks=None, max_model_len=None, tp_rank=0, model_config=None, formats=None):
@@ -104,7 +105,9 @@ def cli_on_tiny_engine(tiny_engine, monkeypatch):
 @pytest.fixture(scope="session")
 def smollm2_llm():
     """The embedded default with small step caps and two graphs (one SmolLM2 graph costs ~10 CPU-seconds to
-    compile): decode steps of up to 8 sequences in the 8-token one, every other step padded to 128 tokens."""
+    compile): decode steps of up to 8 sequences in the 8-token one, every other step padded to 128 tokens.
+    Float32 activations and KV cache: the settings under which greedy tokens equal HF transformers'."""
     from ms_atb import LLM
     return with_buckets(LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), max_num_batched_tokens=128,
-                            max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False), [8, 128])
+                            max_num_seqs=8, max_model_len=512, num_blocks=160, precompile=False,
+                            **EXACT), [8, 128])

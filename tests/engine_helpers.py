@@ -12,8 +12,12 @@ from numpy_llama import forward
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(ROOT, "configs", "tiny_llama.yaml")
 TINY_MODEL = "random:tiny-llama?seed=0"       # the model of configs/tiny_llama.yaml
-# The shared tiny engine (conftest.tiny_engine): small step caps keep its compiled graphs few.
-TINY_BUILD = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "num_blocks": 96, "precompile": False}
+# The settings under which the engine's greedy tokens equal a float32 reference's (HF transformers', the numpy
+# model's): float32 activations into the quantized linears, a float32 KV cache (the defaults, auto, take int8
+# activations and a float16 cache on the CPU).
+EXACT = {"activation_dtype": "float32", "cache_dtype": "float32"}
+# The shared tiny engine (conftest.tiny_engine): small step caps keep its compiled graphs few; exact.
+TINY_BUILD = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "num_blocks": 96, "precompile": False, **EXACT}
 # The same caps as ms-atb-generate flags: a CLI run with them reuses the shared engine's graphs.
 TINY_CLI_SET = [arg for key, value in TINY_BUILD.items() for arg in ("--set", f"{key}={value}")]
 # What reset_scheduler() may change without recompiling.

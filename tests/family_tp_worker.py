@@ -14,7 +14,7 @@ def main(model_dir: str, out_dir: str) -> int:
     with open(os.path.join(model_dir, "reference.json")) as f:
         prompts = [p["prompt_ids"] for p in json.load(f)["prompts"]]
     llm = LLM(model_dir, tensor_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=64,
-              max_model_len=128, precompile=False)
+              max_model_len=128, precompile=False, activation_dtype="float32", cache_dtype="float32")
     outs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=20),
                         use_tqdm=False)
     result = {"rank": llm.rank, "token_ids": [o.token_ids for o in outs],

@@ -125,3 +125,23 @@ def packed_and_reference(fmt: str, k: int, n: int, seed: int):
         return packed, ref
     raw, ref = gguf_weight(fmt, k, n, seed)
     return quant_matmul.pack_gguf(raw, fmt, k), ref
+
+
+def pack_gguf_ref(raw: np.ndarray, fmt: str, in_features: int, activations: str = "float32") -> np.ndarray:
+    """numpy's QuantPack (ops/quant_pack.cc): GGUF rows [N, K / 32 * block bytes] uint8 -> [P, panel_bytes] int8
+    in the layout of `activations`' kernel, by transposes."""
+    qm = quant_matmul
+    raw = np.asarray(raw, np.uint8)
+    n, nb = raw.shape[0], in_features // qm.BLOCK
+    p = -(-n // qm.PANEL)
+    blocks = np.zeros((p * qm.PANEL, nb, qm.GGUF_BLOCK_BYTES[fmt]), np.uint8)
+    blocks[:n] = raw.reshape(n, nb, -1)
+    blocks = blocks.reshape(p, qm.PANEL, nb, -1).transpose(0, 2, 1, 3)   # [P, nb, 16 columns, GGUF block]
+    # Per field: [P, nb, 16, bytes] -> [P, nb, bytes of the field for the 16 columns], column-minor.
+    if fmt in ("q8_0", "q4_0"):
+        parts = [blocks[..., :2], blocks[..., 2:].transpose(0, 1, 3, 2)]             # d; q[32][16] or q[16][16]
+    else:
+        parts = [blocks[..., :2], blocks[..., 2:4], blocks[..., 4:].transpose(0, 1, 3, 2)]  # d; m; q[16][16]
+    out = np.concatenate([np.ascontiguousarray(x).reshape(p, nb, -1) for x in parts], axis=2)
+    out = out.reshape(p, nb * qm._BLOCK_BYTES[fmt]).view(np.int8)
+    return qm._dot_layout(out, fmt, in_features) if activations == "int8" else out

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from ms_atb import LLM, SamplingParams
-from engine_helpers import with_buckets
+from engine_helpers import EXACT, with_buckets
 from ms_atb.formats.loader import load_config
 from ms_atb.models.weights import iter_weights
 
 from family_files import read_family, write_gguf, write_mindformers_ckpt
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "families")
-SETTINGS = dict(max_num_seqs=4, max_num_batched_tokens=32, num_blocks=64, max_model_len=128, precompile=False)
+SETTINGS = dict(max_num_seqs=4, max_num_batched_tokens=32, num_blocks=64, max_model_len=128, precompile=False,
+                **EXACT)
 LOGPROB_TOL = 1e-3          # as tests/test_model_families.py: float32 compute on the same float16 weights
 QWEN2_YAML = """\
 model:

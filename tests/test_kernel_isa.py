@@ -192,6 +192,32 @@ def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
+def test_paged_attention_spans_of_long_contexts_on_each_isa(library, cache):
+    """Decode rows over more than 1,024 tokens go in spans of 64 blocks whose partial softmaxes are combined: against
+    numpy (contexts of one span exactly, one span and a token, several; decode rows, a 3-query tile, a 40-query
+    prefill tile, which is not cut), and a sequence's rows bit for bit the same alone or in a batch."""
+    rng = np.random.default_rng(7)
+    heads, kv_heads, dim, bs = 9, 3, 64, 16
+    ctx, queries = [2500, 1024, 1025, 1500], [1, 1, 3, 40]
+    per_seq = -(-max(ctx) // bs)
+    nb = 4 * per_seq + 3
+    tables = rng.permutation(nb)[:4 * per_seq].reshape(4, per_seq).astype(np.int32)
+    kc = rng.standard_normal((nb, bs, kv_heads, dim)).astype(cache)
+    vc = rng.standard_normal((nb, bs, kv_heads, dim)).astype(cache)
+    qsl = np.concatenate([[0], np.cumsum(queries)]).astype(np.int32)
+    q = (rng.standard_normal((int(qsl[-1]), heads, dim)) * 3).astype(np.float32)
+    lens, scale = np.array(ctx, np.int32), np.array([dim ** -0.5], np.float32)
+    names = ["float32", cache.__name__, cache.__name__, "int32", "int32", "int32", "float32", "float32"]
+    out = np.full(q.shape, np.nan, np.float32)
+    assert call(library.PagedAttention, [q, kc, vc, tables, lens, qsl, scale, out], names) == 0
+    want = paged_attention_ref(q, kc.astype(np.float32), vc.astype(np.float32), tables, lens, qsl, float(scale[0]))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    alone = np.full((1, heads, dim), np.nan, np.float32)
+    assert call(library.PagedAttention, [q[:1], kc, vc, tables[:1], lens[:1], qsl[:2], scale, alone], names) == 0
+    np.testing.assert_array_equal(alone, out[:1])
+
+
 AVX512 = ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl")
 _AVX512 = {}    # flags -> path of the library built with them
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ms_atb import LLM, SamplingParams
-from ms_atb.config import EngineConfig
+from ms_atb.config import EngineConfig, resolve_cache_dtype
 from ms_atb.models.llama import LlamaConfig
 from ms_atb.worker.model_runner import kv_cache_bytes_per_block
 from engine_helpers import tiny_logits, with_buckets
@@ -21,13 +21,24 @@ SMOLLM2 = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
 
 
 @pytest.mark.parametrize("value, match", [
-    ("fp8", r"kv_cache.cache_dtype must be one of \['auto', 'float16', 'bfloat16', 'int8'\], got 'fp8'"),
-    ("float32", r"kv_cache.cache_dtype must be one of .*got 'float32'"),
+    ("fp8", r"kv_cache.cache_dtype must be one of \['auto', 'float32', 'float16', 'bfloat16', 'int8'\], "
+            r"got 'fp8'"),
+    ("float64", r"kv_cache.cache_dtype must be one of .*got 'float64'"),
     (8, "kv_cache.cache_dtype must be a string, got 8"),
 ])
 def test_cache_dtype_validation(value, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig.load(TINY, cache_dtype=value)
+
+
+def test_auto_is_float16_on_the_cpu_and_the_model_dtype_elsewhere():
+    """float32 keeps float32 rows (the bit-exact choice); auto halves them on the CPU."""
+    assert EngineConfig.load(TINY, cache_dtype="float32").kv_cache.cache_dtype == "float32"
+    assert resolve_cache_dtype("auto", "float32", "cpu") == "float16"
+    assert resolve_cache_dtype("auto", "float32", "npu:1") == "float32"
+    assert resolve_cache_dtype("auto", "bfloat16", "npu") == "bfloat16"
+    assert resolve_cache_dtype("float32", "float32", "cpu") == "float32"
+    assert LLM.prepare(TINY, num_blocks=8).stats()["cache_dtype"] == "float16"
 
 
 def test_cache_dtype_other_than_the_model_dtype_is_cpu_only():
@@ -38,22 +49,25 @@ def test_cache_dtype_other_than_the_model_dtype_is_cpu_only():
 
 
 def test_bytes_per_block_count_values_and_scales():
-    per_row = {"auto": 64 * 4, "float16": 64 * 2, "bfloat16": 64 * 2, "int8": 64 + 4}   # one (token, KV head)
+    per_row = {"float32": 64 * 4, "float16": 64 * 2, "bfloat16": 64 * 2, "int8": 64 + 4}   # one (token, KV head)
     for cache_dtype, row in per_row.items():
         assert kv_cache_bytes_per_block(SMOLLM2, 16, "float32", 1, cache_dtype) == 2 * 30 * 16 * 3 * row
     assert kv_cache_bytes_per_block(SMOLLM2, 16, "float16", 1, "auto") == 2 * 30 * 16 * 3 * 128
+    assert kv_cache_bytes_per_block(SMOLLM2, 16, "float32", 1, "auto") == 2 * 30 * 16 * 3 * 128      # the CPU
+    assert kv_cache_bytes_per_block(SMOLLM2, 16, "float32", 1, "auto", device="npu") == 2 * 30 * 16 * 3 * 256
+    assert kv_cache_bytes_per_block(SMOLLM2, 16, "float32") == 2 * 30 * 16 * 3 * 256    # None: the model's dtype
     assert kv_cache_bytes_per_block(SMOLLM2, 16, "float32", 3, "int8") == 2 * 30 * 16 * 1 * 68   # one KV head a rank
 
 
 @pytest.mark.parametrize("budget", [2**30, 100 * 2**20, 7 * 10**6])
 def test_int8_holds_3_5x_the_tokens_of_float32_and_1_8x_those_of_float16(budget):
     tokens = {d: budget // kv_cache_bytes_per_block(SMOLLM2, 16, "float32", 1, d) * 16
-              for d in ("auto", "float16", "int8")}
-    assert tokens["int8"] >= 3.5 * tokens["auto"] and tokens["int8"] >= 1.8 * tokens["float16"]
+              for d in ("float32", "float16", "int8")}
+    assert tokens["int8"] >= 3.5 * tokens["float32"] and tokens["int8"] >= 1.8 * tokens["float16"]
 
 
 def test_the_budget_sizes_the_pool_by_the_cache_dtype(capsys):
-    f32 = LLM.prepare(TINY, num_blocks="auto", memory_budget="1MiB")
+    f32 = LLM.prepare(TINY, num_blocks="auto", memory_budget="1MiB", cache_dtype="float32")
     i8 = LLM.prepare(TINY, num_blocks="auto", memory_budget="1MiB", cache_dtype="int8")
     # tiny model: 2 layers, 2 KV heads of 16 -> 4 * 16 * 2 * 16 * (4 | 1 + 4 / 16) bytes a block
     assert f32.kv_bytes_per_block == 2 * 2 * 16 * 2 * 16 * 4 and i8.kv_bytes_per_block == 2 * 2 * 16 * 2 * 20

@@ -12,12 +12,13 @@ import pytest
 
 from ms_atb import LLM, SamplingParams
 from ms_atb.formats.loader import load_config
-from engine_helpers import with_buckets
+from engine_helpers import EXACT, with_buckets
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "families")
 FAMILIES = ("llama3", "qwen2", "qwen3", "mistral")
 GGUF_FAMILIES = ("llama3", "qwen2", "qwen3")
-SETTINGS = dict(max_num_seqs=4, max_num_batched_tokens=32, num_blocks=64, max_model_len=128, precompile=False)
+SETTINGS = dict(max_num_seqs=4, max_num_batched_tokens=32, num_blocks=64, max_model_len=128, precompile=False,
+                **EXACT)
 BUCKETS = [32]           # one graph per engine: every step padded to 32 tokens
 # Both sides compute in float32 on the same float16 weights; the engine's kernels sum in another order.
 LOGPROB_TOL = 1e-3

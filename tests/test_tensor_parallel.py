@@ -15,6 +15,7 @@ from ms_atb import LLM, SamplingParams
 from ms_atb.worker.distributed import init_distributed
 from ms_atb.formats import loader
 from ms_atb.models import weights
+from engine_helpers import EXACT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny_llama.yaml")
@@ -22,7 +23,7 @@ WORKER = os.path.join(ROOT, "tests", "tp_worker.py")
 BIN = os.path.dirname(sys.executable)
 # Small step caps keep the token buckets few (5, each compiled on first use); 10 blocks of 16 make 8 requests preempt.
 OVERRIDES = {"max_num_batched_tokens": 16, "max_num_seqs": 8, "num_blocks": 10,
-             "enable_prefix_caching": True, "precompile": False}
+             "enable_prefix_caching": True, "precompile": False, **EXACT}
 MAX_TOKENS = 24
 # Sampled under a constraint that follows the output so far: a guided choice (on PROMPTS[:3]).
 GUIDED = {"max_tokens": 20, "temperature": 0.9, "seed": 5, "guided_choice": ["yes please", "yes", "no way"]}

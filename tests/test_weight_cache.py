@@ -83,22 +83,26 @@ def test_second_runner_loads_the_saved_weights(gguf_model, tmp_path):
     plain = runner(gguf_model, None)
     assert plain.weight_cache.status == "off" and "q4_1" in plain.weight_formats.values()
     first = runner(gguf_model, tmp_path)
-    assert first.weight_cache.status == "saved"
+    assert first.weight_cache.wait() == "saved"                   # written by a thread of its own
     assert sorted(os.listdir(tmp_path / "weights")) == [first.weight_cache.key + e for e in (".bin", ".json")]
     second = runner(gguf_model, tmp_path)
     assert second.weight_cache.status == "loaded" and second.weight_cache.key == first.weight_cache.key
     assert_same_weights(held(second), held(plain))
-    assert {p.dtype for p in second.model.weight_parameters().values()} == {ms.float32, ms.int8}
+    # int8 activations (the default): the quantized linears in the dot layout, held as raw uint8 bytes
+    assert {p.dtype for p in second.model.weight_parameters().values()} == {ms.float32, ms.uint8}
+    exact = runner(gguf_model, tmp_path, activation_dtype="float32")
+    assert exact.weight_cache.wait() == "saved" and exact.weight_cache.key != first.weight_cache.key
+    assert {p.dtype for p in exact.model.weight_parameters().values()} == {ms.float32, ms.int8}
 
 
 def test_the_key_follows_the_model_file_and_the_rank_settings(gguf_model, tmp_path):
     first = runner(gguf_model, tmp_path)
     float32 = runner(gguf_model, tmp_path, weight_dtype="float32")          # other held layouts: another entry
-    assert float32.weight_cache.status == "saved" and float32.weight_cache.key != first.weight_cache.key
+    assert float32.weight_cache.wait() == "saved" and float32.weight_cache.key != first.weight_cache.key
     stat = os.stat(gguf_model)
     os.utime(gguf_model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # the model file changed
     touched = runner(gguf_model, tmp_path)
-    assert touched.weight_cache.status == "saved" and touched.weight_cache.key != first.weight_cache.key
+    assert touched.weight_cache.wait() == "saved" and touched.weight_cache.key != first.weight_cache.key
     assert runner("random:tiny-llama", tmp_path).weight_cache.status == "off"   # computed, not read
 
 
@@ -140,10 +144,11 @@ def _break_layout(cache):
 def test_a_damaged_entry_is_removed_with_a_warning_and_rebuilt(gguf_model, tmp_path, damage):
     first = runner(gguf_model, tmp_path)
     want = held(first)
+    first.weight_cache.wait()
     damage(first.weight_cache)
     with pytest.warns(RuntimeWarning, match="could not load"):
         rebuilt = runner(gguf_model, tmp_path)
-    assert rebuilt.weight_cache.status == "saved"                  # read from the file, saved afresh
+    assert rebuilt.weight_cache.wait() == "saved"                  # read from the file, saved afresh
     assert_same_weights(held(rebuilt), want)
     assert runner(gguf_model, tmp_path).weight_cache.status == "loaded"
 
@@ -171,9 +176,11 @@ def test_only_the_entries_used_last_are_kept(tmp_path, monkeypatch):
     caches = [WeightCache(str(tmp_path), {"model": i}) for i in range(3)]
     for i, cache in enumerate(caches[:2]):
         cache.save(w)
+        cache.wait()
         os.utime(cache.index_path, ns=(i * 10**9, i * 10**9))
     assert caches[0].load(w)                        # caches[0] becomes the one used last: caches[1] goes
     caches[2].save(w)
+    caches[2].wait()
     assert sorted(os.listdir(tmp_path / "weights")) == sorted(c.key + e for c in (caches[0], caches[2])
                                                                for e in (".bin", ".json"))
 

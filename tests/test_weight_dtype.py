@@ -10,7 +10,7 @@ from ms_atb import memory_budget
 from ms_atb.config import EngineConfig
 from ms_atb.formats import loader
 from ms_atb.formats.llama_config import LlamaConfig
-from ms_atb.formats.weight_formats import weight_formats
+from ms_atb.formats.weight_formats import linear_activations, weight_formats
 from ms_atb.models.llama import LlamaForCausalLM
 from ms_atb.models.weights import iter_weights
 
@@ -114,8 +114,9 @@ def test_gguf_formats_kept_and_converted(gguf_model):
     assert formats["model.layers.1.self_attn.o_proj.weight"] == "q4_0"
     assert formats["model.layers.1.mlp.up_proj.weight"] == "q8_0"
     assert formats["lm_head.weight"] == "q8_0"                                  # tied: the embedding's type
-    assert "model.embed_tokens.weight" not in formats                           # the gather reads float32
+    assert formats["model.embed_tokens.weight"] == "q8_0"                       # gathered from lm_head's blocks
     assert any("q4_0+q8_0 converted to q8_0" in n for n in notes), notes
+    assert "embedding: q8_0, rows dequantised as they are gathered (from the tied lm_head's blocks)" in notes
     assert weight_formats(path, config, "float32") == ({}, [])
     assert weight_formats(path, config, "auto", device="npu") == ({}, [])      # the NPU: weights in model.dtype
     assert weight_formats("random:tiny-llama", loader.load_config("random:tiny-llama"), "auto") == ({}, [])
@@ -169,16 +170,17 @@ def test_int8_quantized_on_load():
 
 
 def test_a_float16_model_keeps_its_linears_quantized_on_the_cpu(gguf_model):
-    """float16 on the CPU: the linears hold the stored blocks (the embedding and norms float16) and multiply
-    float32 casts of the activations; the logits follow the float32 model's up to the float16 rounding of the
-    activations between the linears."""
+    """float16 on the CPU: the linears hold the stored blocks (the norms float16; the embedding gathered from the
+    tied lm_head's blocks, cast to float16) and multiply float32 casts of the activations; the logits follow the
+    float32 model's up to the float16 rounding of the activations between the linears."""
     dtype = ms.float16
     ms.set_context(mode=ms.GRAPH_MODE)
     path, config, held = gguf_model
     formats, _ = weight_formats(path, config, "auto")
     model = LlamaForCausalLM(config, NB, BS, dtype=dtype, weight_formats=formats)
     model.load_weights(iter_weights(path, config, formats=formats))
-    assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8 and model.embed_tokens.dtype == dtype
+    assert model.layers[0].mlp.gate_up_proj.weight.dtype == ms.int8 and model.norm.weight.dtype == dtype
+    assert model.embed_tokens is None and model.embed_fmt == "q8_0"
     full = LlamaForCausalLM(config, NB, BS, weight_formats=formats)
     full.load_weights(iter_weights(path, config, formats=formats))
     got, ref = logits(model, TOKENS), logits(full, TOKENS)
@@ -189,8 +191,9 @@ def test_a_float16_model_keeps_its_linears_quantized_on_the_cpu(gguf_model):
 
 @pytest.mark.slow
 def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
-    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (the shared engine: configs/smollm2_135m.yaml, auto)
-    against their float32 dequantisation: greedy tokens equal on at least 3 of 4 prompts x 24 tokens."""
+    """The embedded SmolLM2 GGUF: Q4_1 blocks as stored (the shared engine: configs/smollm2_135m.yaml, auto, with
+    float32 activations and cache) against their float32 dequantisation: greedy tokens equal on at least 3 of 4
+    prompts x 24 tokens."""
     import os
     from ms_atb import LLM, SamplingParams
     from engine_helpers import ROOT, with_buckets
@@ -200,7 +203,7 @@ def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
     ref = [o.outputs[0].token_ids for o in smollm2_llm.generate(prompts, params, use_tqdm=False)]
     assert set(smollm2_llm.weight_formats.values()) == {"q4_1", "q8_0"}
     dense = with_buckets(LLM(os.path.join(ROOT, "configs", "smollm2_135m.yaml"), weight_dtype="float32",
-                             max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512, num_blocks=160,
+                             cache_dtype="float32", max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512, num_blocks=160,
                              precompile=False), [8, 128])
     assert dense.weight_formats == {}
     got = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
@@ -211,10 +214,12 @@ def test_smollm2_q4_1_as_stored_greedy_equals_float32(smollm2_llm):
 def test_config_validates_activation_dtype(gguf_model):
     """model.activation_dtype int8 needs quantized linears on the CPU in float32, refused before any work."""
     path = gguf_model[0]
-    assert EngineConfig.load("random:tiny-llama").model.activation_dtype == "float32"
+    assert EngineConfig.load("random:tiny-llama").model.activation_dtype == "auto"
     assert EngineConfig.load(path, activation_dtype="int8").model.activation_dtype == "int8"     # GGUF, auto
+    assert EngineConfig.load(path, activation_dtype="float32").model.activation_dtype == "float32"
     EngineConfig.load("random:tiny-llama", weight_dtype="int8", activation_dtype="int8")
-    with pytest.raises(ValueError, match=r"model.activation_dtype must be one of \['float32', 'int8'\], got 'int4'"):
+    with pytest.raises(ValueError, match=r"model.activation_dtype must be one of \['auto', 'float32', 'int8'\], "
+                                         r"got 'int4'"):
         EngineConfig.load(path, activation_dtype="int4")
     with pytest.raises(ValueError, match=r"'int8' runs on the CPU only .*use 'float32'"):
         EngineConfig.load(path, activation_dtype="int8", device="npu")
@@ -224,6 +229,23 @@ def test_config_validates_activation_dtype(gguf_model):
         EngineConfig.load(path, activation_dtype="int8", weight_dtype="float32")
     with pytest.raises(ValueError, match=r"'auto' keeps them only for a GGUF .* model.path is 'random:tiny-llama'"):
         EngineConfig.load("random:tiny-llama", activation_dtype="int8")
+
+
+def test_auto_activations_are_int8_for_quantized_linears_in_float32(gguf_model):
+    """activation_dtype auto: int8 into the linears kept quantized of a float32 model, float32 otherwise (float
+    weights, a float16 model, no quantized linear); never an error where int8 would be one."""
+    path, config, _ = gguf_model
+    quantized, _ = weight_formats(path, config, "auto")
+    assert quantized and linear_activations("auto", quantized, "float32") == "int8"
+    assert linear_activations("auto", quantized, "float16") == "float32"
+    assert linear_activations("auto", {}, "float32") == "float32"
+    assert linear_activations("float32", quantized, "float32") == "float32"
+    assert weight_formats(path, config, "auto", activation_dtype="auto")[1][-1].startswith("activations: int8")
+    assert not weight_formats(path, config, "auto", activation_dtype="auto", model_dtype="float16")[1][-1].startswith(
+        "activations")
+    for overrides in ({}, {"weight_dtype": "float32"}, {"dtype": "float16"}, {"device": "npu"}):
+        EngineConfig.load(path, **overrides)                     # auto everywhere: no error
+    EngineConfig.load("random:tiny-llama")
 
 
 def greedy(model, tokens, steps):
@@ -282,7 +304,7 @@ def test_engine_generates_with_int8_activations(tiny_llm):
     decode batches of 3 rows take the small-batch items, the 40-token prompt a row block)."""
     from ms_atb import LLM, SamplingParams
     from engine_helpers import TINY_BUILD, TINY_CONFIG
-    llm = LLM(TINY_CONFIG, weight_dtype="int8", activation_dtype="int8", **TINY_BUILD)
+    llm = LLM(TINY_CONFIG, weight_dtype="int8", **{**TINY_BUILD, "activation_dtype": "int8"})
     assert set(llm.weight_formats.values()) == {"int8"}
     prompts = [[1, 2, 3, 4, 5], list(range(100, 140)), [7, 300, 9]]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

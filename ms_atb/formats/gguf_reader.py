@@ -9,6 +9,9 @@ rotate-half order. Metadata keys carry the architecture's prefix (`qwen2.block_c
 Weights kept quantized (`keep`) come as GGUFBlocks: the stored rows of Q8_0, Q4_0 or Q4_1 blocks, untouched;
 other quantized types asked for as Q8_0 are dequantised and re-quantized to Q8_0 (8 bits: no worse).
 """
+import ctypes
+import functools
+import mmap
 import re
 from dataclasses import dataclass
 from typing import Iterator
@@ -55,12 +58,42 @@ class GGUFBlocks:
     fmt: str
     shape: tuple
 
+    def release(self) -> None:
+        """The rows are read: drop their pages from this process (release)."""
+        release(self.rows)
+
     def dequantize(self) -> np.ndarray:
         """[out, in] float32."""
         import gguf
         from gguf import quants
         qtype = gguf.GGMLQuantizationType[self.fmt.upper()]
         return np.asarray(quants.dequantize(self.rows, qtype), np.float32).reshape(self.shape)
+
+
+def release(array: np.ndarray) -> None:
+    """Drops the pages of `array`, a view of a GGUF file's read-only mapping, from this process's memory once it
+    has been read (converted into the model's own layout): they stay in the OS's page cache, and a later read maps
+    them again, so the file does not count twice in the process's memory while a model loads. Any other array:
+    nothing (only a shared read-only file mapping may be dropped and read again unchanged)."""
+    base = array
+    while base is not None and not isinstance(base, np.memmap):
+        base = base.base
+    if base is None or base.mode != "r" or array.nbytes == 0:
+        return
+    page = mmap.PAGESIZE
+    start = array.ctypes.data // page * page
+    end = array.ctypes.data + array.nbytes
+    _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+
+
+_MADV_DONTNEED = 4
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return libc
 
 
 def stored_types(path: str) -> dict:

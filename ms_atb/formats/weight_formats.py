@@ -8,6 +8,8 @@ from ms_atb.formats import gguf_reader
 from ms_atb.formats.llama_config import LlamaConfig
 from ms_atb.formats.loader import expected_shapes, model_kind
 
+EMBED = "model.embed_tokens.weight"     # the embedding's HF name: its format is chosen with the linears'
+
 
 def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:
     """(linear, its HF weight names, the tensor it is read from) for every linear of the model, fused
@@ -23,8 +25,17 @@ def linear_groups(config: LlamaConfig) -> list[tuple[str, tuple, str]]:
     return [(name, parts, parts) for name, parts in groups] + [("lm_head", ("lm_head.weight",), (head,))]
 
 
+def linear_activations(activation_dtype: str, formats: dict, model_dtype: str = "float32") -> str:
+    """model.activation_dtype as the quantized linears take it: "auto" is "int8" (llama.cpp's own choice for
+    these weights: docs/design.md, "Defaults") when some linears are kept quantized (formats, on the CPU) and
+    the model computes in float32, else "float32"."""
+    if activation_dtype != "auto":
+        return activation_dtype
+    return "int8" if formats and model_dtype == "float32" else "float32"
+
+
 def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_size: int = 1, device: str = "cpu",
-                   activation_dtype: str = "float32") -> tuple[dict, list[str]]:
+                   activation_dtype: str = "float32", model_dtype: str = "float32") -> tuple[dict, list[str]]:
     """({HF weight name: quantized format} of the linears kept quantized, log lines saying what was chosen).
 
     weight_dtype (model.weight_dtype): "float32": none; "int8": every linear (lm_head too) per-output-channel
@@ -32,17 +43,31 @@ def weight_formats(path, config: LlamaConfig, weight_dtype: str = "auto", tp_siz
     when they are of other quantized types or mixed (re-quantized on load from the dequantised values), float32
     when a part is a float tensor; other checkpoints: none. Quantized weights need the CPU (our kernels, which
     multiply float32 activations: a half-precision model casts around them); elsewhere none is kept. A tied
-    lm_head's format is the embedding's (the gather reads a float32 copy of the embedding). activation_dtype
-    (model.activation_dtype) changes no format; "int8" adds a log line saying which linears take int8
-    activations (the quantized ones) and which keep float32 (the float ones)."""
+    lm_head's format is the embedding's. Under "auto" the embedding of a GGUF is kept quantized too (EMBED's
+    entry, _embedding_format: its rows dequantised as they are gathered); otherwise it is float32. activation_dtype
+    (model.activation_dtype; "auto" as linear_activations resolves it for model_dtype) changes no format; "int8"
+    adds a log line saying which linears take int8 activations (the quantized ones) and which keep float32 (the
+    float ones)."""
     formats, notes = _formats(path, config, weight_dtype, tp_size, device)
-    if activation_dtype == "int8":
+    if linear_activations(activation_dtype, formats, model_dtype) == "int8":
         groups = linear_groups(config)
         quantized = sum(parts[0] in formats for _, parts, _ in groups)
         notes.append(f"activations: int8 (per row and block of 32) into the {quantized} quantized linears"
                      + (f"; {len(groups) - quantized} float32 linears keep float32 activations"
                         if quantized < len(groups) else ""))
     return formats, notes
+
+
+def _embedding_format(config: LlamaConfig, formats: dict, stored: str, shape: tuple) -> str | None:
+    """The GGUF block format the embedding is kept in, None for float32: a tied embedding is its lm_head's blocks
+    when those are a GGUF format; an untied one keeps its stored Q8_0 / Q4_0 / Q4_1 blocks, other quantized types
+    as Q8_0 (as a linear would)."""
+    if config.tie_word_embeddings:
+        head = formats.get("lm_head.weight")
+        return head if head in gguf_reader.KEPT_TYPES else None
+    if stored in gguf_reader.FLOAT_TYPES or shape[1] % 32:
+        return None
+    return stored if stored in gguf_reader.KEPT_TYPES else "q8_0"
 
 
 def _formats(path, config: LlamaConfig, weight_dtype: str, tp_size: int, device: str) -> tuple[dict, list[str]]:
@@ -79,6 +104,13 @@ def _formats(path, config: LlamaConfig, weight_dtype: str, tp_size: int, device:
         formats.update({n: fmt for n in parts})
     notes.append("weights: " + ", ".join(f"{n} linears {fmt}" for fmt, n in sorted(kept.items()))
                  + " (lm_head included; quantized ones multiplied as stored)")
+    if EMBED not in types:
+        raise ValueError(f"{path}: tensor {EMBED} is missing (expected shape {shapes[EMBED]})")
+    embed = _embedding_format(config, formats, types[EMBED], shapes[EMBED])
+    if embed is not None:
+        formats[EMBED] = embed
+        notes.append(f"embedding: {embed}, rows dequantised as they are gathered"
+                     + (" (from the tied lm_head's blocks)" if config.tie_word_embeddings else ""))
     for src, n in sorted(converted.items()):
         notes.append(f"weights: {n} linears stored as {src} converted to q8_0 on load (the nearest kept format "
                      f"at least as precise)")

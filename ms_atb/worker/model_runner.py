@@ -17,11 +17,11 @@ import time
 import mindspore as ms
 import numpy as np
 
-from ms_atb.config import parse_device
+from ms_atb.config import parse_device, resolve_cache_dtype
 from ms_atb.formats import loader
 from ms_atb.formats.llama_config import LlamaConfig
 from ms_atb.formats.sharding import num_kv_heads_per_rank
-from ms_atb.formats.weight_formats import weight_formats
+from ms_atb.formats.weight_formats import linear_activations, weight_formats
 from ms_atb.models import weights
 from ms_atb.models.llama import LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.ops.backends import resolve_backend
@@ -44,22 +44,25 @@ def _ms_dtype(dtype):
     raise ValueError(f"dtype {dtype!r} not supported; allowed: {sorted(_DTYPES)}")
 
 
-def cache_ms_dtype(dtype, cache_dtype: str = "auto"):
-    """The KV cache's storage dtype: kv_cache.cache_dtype, or the model's dtype for "auto"."""
+def cache_ms_dtype(dtype, cache_dtype: str | None = None, device: str = "cpu"):
+    """The KV cache's storage dtype: kv_cache.cache_dtype ("auto" as config.resolve_cache_dtype reads it on
+    `device`), or the model's dtype for None."""
     if cache_dtype == "auto":
+        cache_dtype = resolve_cache_dtype(cache_dtype, str(dtype), device)
+    if cache_dtype is None:
         return _ms_dtype(dtype)
     if cache_dtype == "int8":
         return ms.int8
-    if cache_dtype in ("float16", "bfloat16"):
+    if cache_dtype in ("float32", "float16", "bfloat16"):
         return _ms_dtype(cache_dtype)
-    raise ValueError(f"cache_dtype {cache_dtype!r} not supported; allowed: auto, float16, bfloat16, int8")
+    raise ValueError(f"cache_dtype {cache_dtype!r} not supported; allowed: auto, float32, float16, bfloat16, int8")
 
 
 def kv_cache_bytes_per_block(config: LlamaConfig, block_size: int, dtype, tp_size: int = 1,
-                             cache_dtype: str = "auto") -> int:
+                             cache_dtype: str | None = None, device: str = "cpu") -> int:
     """Bytes of K and V cache of one block over all layers on one rank: the values, and with an int8 cache
-    their float32 scales (one per token and KV head, for K and for V)."""
-    storage = cache_ms_dtype(dtype, cache_dtype)
+    their float32 scales (one per token and KV head, for K and for V). cache_dtype: as cache_ms_dtype's."""
+    storage = cache_ms_dtype(dtype, cache_dtype, device)
     itemsize = {ms.int8: 1, ms.float16: 2, ms.bfloat16: 2}.get(storage, 4)
     kvh = num_kv_heads_per_rank(config, tp_size)
     per_row = config.head_dim * itemsize + (4 if storage == ms.int8 else 0)   # one (token, KV head) row
@@ -109,7 +112,7 @@ class ModelRunner:
             model_config.check_max_model_len(max_model_len)
         self.model_config = model_config
         self.dtype = _ms_dtype(config.model.dtype)
-        self.cache_dtype = cache_ms_dtype(config.model.dtype, config.kv_cache.cache_dtype)
+        self.cache_dtype = cache_ms_dtype(config.model.dtype, config.kv_cache.cache_dtype, device)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_num_seqs, self.max_model_len = sc.max_num_seqs, max_model_len
         self.max_num_batched_tokens = sc.max_num_batched_tokens
@@ -127,13 +130,15 @@ class ModelRunner:
         self.attention_backend = resolve_backend(device, config.kv_cache.attention_backend)
         if formats is None:
             formats = weight_formats(model_path, self.model_config, config.model.weight_dtype, tp_size, device,
-                                     config.model.activation_dtype)[0]
+                                     config.model.activation_dtype, config.model.dtype)[0]
         self.weight_formats = formats
+        # the quantized linears' kernels and layout: model.activation_dtype, "auto" resolved
+        self.activation_dtype = linear_activations(config.model.activation_dtype, self.weight_formats,
+                                                   config.model.dtype)
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
-                                      activation_dtype=config.model.activation_dtype)
-        self.activation_dtype = config.model.activation_dtype   # the quantized linears' kernels and layout
+                                      activation_dtype=self.activation_dtype)
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.weight_cache = self._load_weights(config.context.compile_cache)
         self.compiled = set()                    # token buckets whose graph is ready

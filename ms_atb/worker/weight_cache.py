@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-FORMAT = 1                 # bump when the entry layout or the key changes
+FORMAT = 2                 # bump when the entry layout or the key changes
 MAX_ENTRIES = 8
 ALIGN = 64                 # each weight starts at a multiple of 64 bytes: aligned for every dtype and vector load
 _DTYPES = ("float32", "float16", "int8", "uint8", "int32")    # numpy dtypes an entry may hold
@@ -42,14 +43,16 @@ class WeightCache:
     """`cache.load(weights)` fills {name: Parameter} from the entry and says whether it did; after the
     weights were read from the model file, `cache.save(weights)` publishes them.
 
-    `status`: "off" (no root, or weights not read from a file), "missing" (no entry yet), "loaded",
-    "saved", or "failed (...)" (an entry that did not load or save; the weights come from the model file)."""
+    `status`: "off" (no root, or weights not read from a file), "missing" (no entry yet), "loaded", "saving"
+    (being written: wait()), "saved", or "failed (...)" (an entry that did not load or save; the weights come from
+    the model file)."""
 
     def __init__(self, root: str | None, parts: dict | None):
         """parts: everything the held weights depend on besides ms_atb's and MindSpore's code; None: not
         cacheable (weights computed, not read)."""
         self.folder = self.key = None
         self.status = "off"
+        self._writer: threading.Thread | None = None
         if root and parts is not None:
             from ms_atb.ops.trusted_cache import private_dir
             root = private_dir(os.path.expanduser(root), "context.compile_cache")
@@ -67,7 +70,10 @@ class WeightCache:
 
     def load(self, weights: dict) -> bool:
         """weights {name: Parameter}: each filled from the entry when it holds exactly them; else False."""
-        if self.folder is None or not self.index_path.is_file():
+        if self.folder is None:
+            return False
+        _wait_for(self.key)                     # an entry this process is writing: read it once it is written
+        if not self.index_path.is_file():
             return False
         import mindspore as ms
         try:
@@ -112,13 +118,30 @@ class WeightCache:
         return checked
 
     def save(self, weights: dict) -> None:
-        """Publishes weights {name: Parameter} as this key's entry (data, then index: see the module docstring)."""
+        """Publishes weights {name: Parameter} as this key's entry (data, then index: see the module docstring).
+        The bytes are written by a thread of its own, so that a start does not wait for the disk (a 7B model's
+        entry takes seconds to write): status is "saving" until it is done, the interpreter waits for it before
+        it exits, and wait() joins it. It reads the weights' own memory, which nothing writes after a load."""
         if self.folder is None:
             return
-        from ms_atb.ops.trusted_cache import sweep_dead_temps
         if any(_dtype_name(p) not in _DTYPES for p in weights.values()):
             self.status = "off"                # bfloat16: numpy cannot hold it
             return
+        arrays = [(name, np.ascontiguousarray(p.asnumpy())) for name, p in weights.items()]   # views, no copies
+        _wait_for(self.key)                     # one writer of an entry at a time in a process
+        self.status = "saving"
+        self._writer = threading.Thread(target=self._write, args=(arrays,), name="ms_atb weight cache")
+        _SAVING[self.key] = self._writer
+        self._writer.start()
+
+    def wait(self) -> str:
+        """The status once a save under way has finished."""
+        if self._writer is not None:
+            self._writer.join()
+        return self.status
+
+    def _write(self, arrays: list) -> None:
+        from ms_atb.ops.trusted_cache import sweep_dead_temps
         sweep_dead_temps(self.folder)
         pid = os.getpid()
         data_tmp, index_tmp = (self.folder / f"{p.name}.tmp-{pid}" for p in (self.data_path, self.index_path))
@@ -127,8 +150,7 @@ class WeightCache:
             for tmp in (data_tmp, index_tmp):   # a name of this pid left by a dead process: created anew, never
                 tmp.unlink(missing_ok=True)     # opened through a link
             with open(data_tmp, "xb") as f:
-                for name, p in weights.items():
-                    array = np.ascontiguousarray(p.asnumpy())
+                for name, array in arrays:
                     f.write(array.data)
                     entries.append([name, str(array.dtype), list(array.shape), offset])
                     offset += array.nbytes
@@ -161,6 +183,15 @@ class WeightCache:
         for index in indexes[MAX_ENTRIES:]:
             index.unlink(missing_ok=True)
             index.with_suffix(".bin").unlink(missing_ok=True)
+
+
+_SAVING: dict = {}          # key -> the thread writing that entry in this process
+
+
+def _wait_for(key: str) -> None:
+    writer = _SAVING.pop(key, None)
+    if writer is not None:
+        writer.join()
 
 
 def cache_key(parts: dict) -> str:
