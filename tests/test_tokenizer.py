@@ -355,10 +355,10 @@ def test_detok_joins_to_decode(which, sp_dir, json_dir):
 
 @pytest.mark.parametrize("which", ["embedded", "sp", "json"])
 def test_guided_choice_walks_decode_to_the_choice(which, sp_dir, json_dir):
-    """Random walks through the tokens a ChoiceGuide allows always decode to one of the choices, and the
+    """Random walks through the tokens a choice's grammar allows always decode to one of the choices, and the
     tokenization encode() gives is among the walks open."""
     import random
-    from ms_atb.text.guided_choice import ChoiceGuide
+    from guide_helpers import choice_guide as ChoiceGuide
     tok = _embedded() if which == "embedded" else load_tokenizer(str(sp_dir if which == "sp" else json_dir))
     choices = ["hello world", "hello", " paged cache", "数字 2024", "Straße café"]
     guide = ChoiceGuide(choices, tok)
