@@ -110,6 +110,7 @@ class StructuredOutputManager:
 
 
 def _short(error: str, limit: int = 600) -> str:
-    """llguidance's message, cut to a readable length."""
-    error = error.strip()
+    """llguidance's message on one line (its lines of carets, which point into the line above, left out), cut to a
+    readable length."""
+    error = " ".join(line.strip() for line in error.splitlines() if line.strip().strip("^"))
     return error if len(error) <= limit else error[:limit] + " ..."
