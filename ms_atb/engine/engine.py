@@ -194,7 +194,7 @@ class Engine:
         try:
             logits = self._execute(step)                   # [B, vocab]
         finally:
-            allowed = masks.result() if masks is not None else None      # [R, vocab] bool, R constrained rows
+            allowed = self.structured.masks(masks) if masks is not None else None   # [R, vocab] bool, R constrained
         self.failed = False
         tokens = self._sample(step, rows, logits, allowed)   # [B], None where b did not sample
         now = time.perf_counter()

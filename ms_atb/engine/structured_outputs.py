@@ -41,6 +41,7 @@ class StructuredOutputManager:
         self.compile_seconds = collections.deque(maxlen=MAX_TIMES)   # each compile's time on its thread
         self.num_compile_hits = 0
         self.mask_seconds = collections.deque(maxlen=MAX_TIMES)      # per step: (rows, seconds filling them)
+        self.wait_seconds = collections.deque(maxlen=MAX_TIMES)      # per step: seconds the step waited for them
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -90,6 +91,13 @@ class StructuredOutputManager:
             self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ms_atb-mask")
             self._executor = llguidance.LLExecutor()
         return self._mask_pool.submit(self._fill, matchers, stops)
+
+    def masks(self, filling: concurrent.futures.Future) -> np.ndarray:
+        """fill()'s masks, once filled (the wait is timed: what the model's step did not hide)."""
+        t0 = time.perf_counter()
+        allowed = filling.result()
+        self.wait_seconds.append(time.perf_counter() - t0)
+        return allowed
 
     def _fill(self, matchers, stops) -> np.ndarray:
         t0 = time.perf_counter()
