@@ -94,7 +94,8 @@ class Engine:
     def add(self, request: Request, stop_token_ids: set[int], seed: list[int], now: float) -> list[EngineSample]:
         """The request's samples, made and queued. ignore_eos: no stop token of any kind ends it, neither EOS nor
         stop_token_ids (docs/design.md); stop strings, matched on the text, still do. seed: the engine's default
-        random stream for this request when its params have no seed."""
+        random stream for this request when its params have no seed. A request with a guide whose grammar is not
+        compiled yet waits apart until it is (compiling), and the next steps queue it."""
         p = request.params
         stops = set() if p.ignore_eos else set(p.stop_token_ids or ()) | stop_token_ids
         samples = []
