@@ -50,10 +50,9 @@ def line_sampling(line_fields: dict, defaults: dict) -> dict:
     does not take the defaults' one: a request has one."""
     own = dict(line_fields)
     if FIELD in own:
-        rf = own.pop(FIELD)
-        fields = structured_fields(rf)
-        given = sorted(set(fields) & set(own) or (set(own) & set(STRUCTURED_FIELDS) if fields else ()))
-        if given:
+        fields = structured_fields(own.pop(FIELD))
+        given = sorted(set(own) & set(STRUCTURED_FIELDS))
+        if fields and given:
             raise ValueError(f"response_format and {given} both ask for a structured output; give one")
         own.update(fields)
     if set(own) & set(STRUCTURED_FIELDS):
