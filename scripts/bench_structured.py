@@ -14,6 +14,7 @@ submitted at once (the config's max_num_seqs is 32: one batch). Printed, from on
     after the model's step (what the overlap did not hide);
   - compiles: the schema's compile (cold, on the grammar thread), a cached one (the lookup and a sample's copy of
     the matcher), and the llguidance tokenizer's construction (once per engine).
+It needs jsonschema (the test and bench extras: the .venv scripts/test.sh makes has it).
     .venv/bin/python scripts/bench_structured.py
     .venv/bin/python scripts/bench_structured.py --requests 8 --max-tokens 120     # quicker
 """

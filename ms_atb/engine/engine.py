@@ -127,12 +127,9 @@ class Engine:
             self.samples[sample.id] = sample
 
     def _give_matchers(self, samples: list[EngineSample], compiled: concurrent.futures.Future) -> None:
-        """Each sample its own matcher; ValueError naming the request if its grammar failed to compile."""
-        try:
-            for sample in samples:
-                sample.constraints.matcher = self.structured.matcher(compiled)
-        except ValueError as e:
-            raise ValueError(f"request {samples[0].request.index}: {e}") from None
+        """Each sample its own matcher; ValueError if its grammar failed to compile."""
+        for sample in samples:
+            sample.constraints.matcher = self.structured.matcher(compiled)
 
     def _admit_compiled(self) -> None:
         """Queues the samples whose grammar is compiled now; waits for one when nothing else could run."""
@@ -143,8 +140,11 @@ class Engine:
         waiting = []
         for compiled, samples in self.compiling:
             if compiled.done():
-                self._give_matchers(samples, compiled)
-                self._queue(samples)
+                try:
+                    self._give_matchers(samples, compiled)
+                    self._queue(samples)
+                except ValueError as e:
+                    raise ValueError(f"request {samples[0].request.index}: {e}") from None
             else:
                 waiting.append((compiled, samples))
         self.compiling = waiting
