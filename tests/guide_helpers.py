@@ -41,9 +41,14 @@ class GuideWalk:
         matcher = self.manager.matcher(self.compiled)
         for t in spell(prefix, self.tokenizer):
             assert matcher.consume_token(t), (prefix, t)
-        row = self.manager.fill([matcher], [frozenset({self.stop})]).result()[0]       # [V] bool
+        row = self.allowed(matcher)
         ids = np.flatnonzero(row)
         return ids[ids != self.stop], bool(row[self.stop]), matcher.is_stopped()
+
+    def allowed(self, matcher) -> np.ndarray:
+        """bool [V]: the tokens the matcher allows next, as the engine's mask says (the stop token where the
+        grammar may end)."""
+        return np.isfinite(self.manager.fill([matcher], [frozenset({self.stop})]).result()[0])
 
     def next_token_ids(self, prefix: bytes) -> np.ndarray:
         return self.state(prefix)[0]

@@ -52,7 +52,7 @@ def numpy_constrained_greedy(prompt, walk, max_tokens):
     ties: the lowest id), until EOS, the end of the grammar or max_tokens."""
     matcher, tokens = walk.manager.matcher(walk.compiled), list(prompt)
     while len(tokens) - len(prompt) < max_tokens:
-        allowed = np.flatnonzero(walk.manager.fill([matcher], [frozenset({EOS})]).result()[0])
+        allowed = np.flatnonzero(walk.allowed(matcher))
         logits = tiny_logits(tokens)[-1]
         tokens.append(int(allowed[np.argmax(logits[allowed])]))
         if tokens[-1] == EOS:
@@ -111,6 +111,20 @@ def test_an_invalid_constraint_names_the_request_before_any_work(llm, constraint
         llm.generate([[1, 2], [3, 4]], params, use_tqdm=False)
     assert llm.stats()["num_computed_tokens"] == 0                  # nothing ran
     assert llm.generate([[3, 4]], greedy(choice=["ok"]), use_tqdm=False)[0].text == "ok"
+
+
+def test_a_grammar_mask_is_applied_after_the_penalties_and_logit_bias():
+    from ms_atb.worker.sampler import Sampler
+    logits = np.array([[5.0, 1.0, 2.0, 0.5]], np.float32)
+    mask = np.array([-np.inf, 0.0, 0.0, -np.inf], np.float32)              # the grammar allows tokens 1 and 2
+    biased = SamplingParams(temperature=0.0, logit_bias={2: -5.0})
+    assert Sampler().sample(logits, [biased], [None], None, [None], [mask]) == [1]
+    overflow = SamplingParams(temperature=0.0, repetition_penalty=1e-38)    # token 0's logit becomes +inf
+    assert Sampler().sample(logits, [overflow], [None], [([0], 0)], [None], [mask]) == [2]   # masked, not NaN
+    sampled = SamplingParams(temperature=1.0, seed=0)
+    draws = [Sampler().sample(logits, [sampled], [np.random.default_rng(i)], None, [None], [mask])[0]
+             for i in range(50)]
+    assert set(draws) == {1, 2}
 
 
 # ---- JSON ---------------------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ class Engine:
         try:
             logits = self._execute(step)                   # [B, vocab]
         finally:
-            allowed = self.structured.masks(masks) if masks is not None else None   # [R, vocab] bool, R constrained
+            allowed = self.structured.masks(masks) if masks is not None else None   # [R, vocab], R constrained
         self.failed = False
         tokens = self._sample(step, rows, logits, allowed)   # [B], None where b did not sample
         now = time.perf_counter()
@@ -230,8 +230,8 @@ class Engine:
 
     def _sample(self, step: Step, rows: list[int], logits: np.ndarray, masks: np.ndarray | None
                 ) -> list[int | None]:
-        """One token per sampling row, with its log-probabilities when asked. masks [R, vocab]: the allowed tokens
-        of the rows with a grammar, in their order among rows."""
+        """One token per sampling row, with its log-probabilities when asked. masks [R, vocab]: the additive masks
+        (0 allowed, -inf not) of the rows with a grammar, in their order among rows."""
         tokens: list[int | None] = [None] * len(step.seqs)
         if not rows:
             return tokens

@@ -9,7 +9,8 @@ Rules:
      (preemption and recompute, prefix-cache hits and n > 1 change nothing about it).
   3. fill() computes the masks of a step's constrained rows on another thread, while the model runs; llguidance
      fills the rows in parallel outside the GIL. In a mask, special tokens are never allowed; where the grammar may
-     end, the sample's stop tokens are allowed (and no others end it).
+     end, the sample's stop tokens are allowed (and no others end it). A mask is additive (float32, 0 where a token
+     is allowed, -inf elsewhere), made on that thread too: the sampler adds it to a row in one vector operation.
 """
 from __future__ import annotations
 
@@ -85,8 +86,8 @@ class StructuredOutputManager:
         return compiled.result().deep_copy()
 
     def fill(self, matchers: list[llguidance.LLMatcher], stops: list[frozenset[int]]) -> concurrent.futures.Future:
-        """A future of the masks, bool [R, V], of the R matchers' next tokens (rule 3); stops[r]: row r's stop
-        tokens."""
+        """A future of the additive masks, float32 [R, V] (0: allowed, -inf: not), of the R matchers' next tokens
+        (rule 3); stops[r]: row r's stop tokens."""
         if self._mask_pool is None:
             self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ms_atb-mask")
             self._executor = llguidance.LLExecutor()
@@ -113,8 +114,9 @@ class StructuredOutputManager:
                 _log.warning("a structured output's grammar allows no token and the request has no stop token: "
                              "its next token is not constrained (%s)", matchers[r].get_error() or "no error")
                 allowed[r] = True
+        masks = np.where(allowed, np.float32(0.0), np.float32(-np.inf))                # [R, V] float32
         self.mask_seconds.append((len(matchers), time.perf_counter() - t0))
-        return allowed
+        return masks
 
 
 def _short(error: str, limit: int = 600) -> str:
