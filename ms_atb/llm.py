@@ -17,6 +17,7 @@ from ms_atb.engine.engine import Engine
 from ms_atb.engine.input_processor import InputProcessor, Prompt
 from ms_atb.engine.output_processor import OutputProcessor
 from ms_atb.engine.request import Request
+from ms_atb.engine.structured_outputs import StructuredOutputManager
 from ms_atb.outputs import RequestOutput
 from ms_atb.progress import progress_bar
 from ms_atb.sampling_params import SamplingParams
@@ -83,7 +84,7 @@ class LLM:
         self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
                               "max_num_batched_tokens": sc.max_num_batched_tokens}
         self.engine = Engine(self.new_scheduler, spmd_sampler(Sampler(), tp),
-                             self.tokenizer.token_bytes if self.tokenizer is not None else None)
+                             StructuredOutputManager(self.tokenizer) if self.tokenizer is not None else None)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len,
                                               self.engine)
         self._run_stats: dict = {}

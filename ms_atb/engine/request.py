@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ms_atb.sampling_params import SamplingParams
-from ms_atb.text.guided_choice import ChoiceGuide
+from ms_atb.text.grammar import Guide
 
 
 @dataclass
@@ -15,7 +15,7 @@ class Request:
     prompt: str | None              # None for token-id prompts
     prompt_token_ids: list[int]
     params: SamplingParams
-    guide: ChoiceGuide | None = None     # params.guided_choice over the tokenizer's vocabulary
+    guide: Guide | None = None      # params.structured over the tokenizer's vocabulary, shared by equal constraints
     bad_words_ids: list[tuple[int, ...]] = field(default_factory=list)   # token sequences never completed
     tag: Any = None                 # the caller's own data, handed back with the output (LLM.stream)
 
