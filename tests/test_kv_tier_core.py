@@ -41,7 +41,7 @@ def run_one(bm, rid, tokens, tier, extra_key=None):
     """allocate, commit the whole prompt, keep its stores in the tier; returns (cached tokens, loads)."""
     cached = bm.allocate(rid, tokens, extra_key=extra_key)
     bm.commit(rid, len(tokens))
-    loads, stores = bm.take_transfers()
+    loads, stores, _ = bm.take_transfers()
     tier.keep(stores)
     return cached, loads
 
@@ -86,7 +86,6 @@ def test_the_tier_serves_only_a_leading_run():
     tier.refuse = {hashes[2]}                     # block 2's file fails its checks
     cached, loads = run_one(b, "x", prompt, tier)
     assert cached == 2 * BS and len(loads) == 2
-    _, stores = b.take_transfers()
     assert b.block_table("x")[:2] == [ld.block for ld in loads]
 
 
@@ -96,14 +95,14 @@ def test_only_computed_blocks_are_stored():
     run_one(bm, "x", toks(0, 3 * BS + 1), tier)
     bm.allocate("y", toks(0, 3 * BS + 1))         # every full block a pool hit
     bm.commit("y", 3 * BS + 1)
-    assert bm.take_transfers() == ([], [])
+    assert bm.take_transfers() == ([], [], [(h, i) for i, h in enumerate(tier.blocks)][:3])
     bm.append_token("y", 99)
     bm.commit("y", 3 * BS + 2)
-    assert bm.take_transfers() == ([], [])        # a partial block is never stored
+    assert bm.take_transfers() == ([], [], [])        # a partial block is never stored
     for t in range(2):
         bm.append_token("y", 100 + t)
     bm.commit("y", 4 * BS)
-    loads, stores = bm.take_transfers()
+    loads, stores, _ = bm.take_transfers()
     assert loads == [] and [(s.block, s.num_tokens) for s in stores] == [(bm.block_table("y")[3], 4 * BS)]
     assert stores[0].token_ids[:4 * BS] == toks(0, 3 * BS + 1) + [99, 100, 101]
 
@@ -116,7 +115,7 @@ def test_a_failed_allocation_asks_the_tier_nothing():
     tier.calls.clear()
     with pytest.raises(NoFreeBlocksError):
         b.allocate("x", toks(0, 4 * BS))
-    assert tier.calls == [] and b.take_transfers() == ([], [])
+    assert tier.calls == [] and b.take_transfers() == ([], [], [])
     assert b.stats()["disk_cache_hit_tokens"] == 0
 
 

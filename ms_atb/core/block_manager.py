@@ -13,8 +13,9 @@ allocation, its FreeRanges). The manager hands the placement a request's record 
 
 With a KV tier (ms_atb/core/kv_tier.py), a prompt's leading blocks that miss the pool are asked of the
 tier; the ones it staged take new pool blocks like any others, are committed at once and leave as KVLoads
-(the runner copies them in before the step runs); every block committed by computing leaves as a KVStore.
-take_transfers() hands both to the scheduler's step.
+(the runner copies them in before the step runs); every block committed by computing leaves as a KVStore, and
+every pool hit as a (hash, depth) use, so that the tier's recency counts hits served from the pool too.
+take_transfers() hands them to the scheduler's step.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class BlockManager:
                         PrefixCache(num_blocks, key=tier.hash_key, root=tier.hash_root))
         self._loads: list[KVLoad] = []          # blocks the tier staged, for the next step to copy in
         self._stores: list[KVStore] = []        # blocks computed by the next step, for the tier to keep
+        self._used: list[tuple[bytes, int]] = []   # (hash, blocks before it) of pool hits, for the tier's recency
         self._requests: dict[str, KVRequest] = {}
         self._place = (make_placement(allocation, num_blocks, block_size) if placement is None
                        else placement(num_blocks, block_size))
@@ -113,6 +115,8 @@ class BlockManager:
         req.block_ids.extend(hits)
         if hits:
             req.num_hashed, req.last_hash = len(hits), hashes[len(hits) - 1]
+            if self._tier is not None:
+                self._used.extend(zip(hashes, range(len(hashes))))
         num_staged = self._fetch(req) if lookup and self._tier is not None else 0
         self._evict_for(num_new)
         new_ids = self._take_new(req, num_new)
@@ -163,12 +167,12 @@ class BlockManager:
         self._loads.extend(KVLoad(req.block_ids[i], self._prefix.block_hash[req.block_ids[i]])
                            for i in range(first, first + num_staged))
 
-    def take_transfers(self) -> tuple[list[KVLoad], list[KVStore]]:
+    def take_transfers(self) -> tuple[list[KVLoad], list[KVStore], list[tuple[bytes, int]]]:
         """The tier transfers recorded since the last call: blocks to load before the step, blocks to store
-        after it (ms_atb/core/kv_tier.py)."""
-        loads, stores = self._loads, self._stores
-        self._loads, self._stores = [], []
-        return loads, stores
+        after it, and the (hash, depth) of pool hits (ms_atb/core/kv_tier.py)."""
+        out = self._loads, self._stores, self._used
+        self._loads, self._stores, self._used = [], [], []
+        return out
 
     def append_token(self, request_id: str, token_id: int) -> None:
         try:

@@ -8,8 +8,9 @@ bytes: the model, dtypes, block size, tensor-parallel rank; ms_atb/core/prefix_c
 key joins the root too, so a block of one extra key is never found for another.
 
 Each step carries its transfers (ms_atb/core/scheduler.py, Step): `kv_loads`, blocks the tier staged when
-the block manager found them, to be copied into the pool before the step's graph runs; and `kv_stores`,
-blocks whose KV the step computes, to be copied out after it runs and kept in the tier.
+the block manager found them, to be copied into the pool before the step's graph runs; `kv_stores`, blocks
+whose KV the step computes, to be copied out after it runs and kept in the tier; and `kv_used`, the (hash,
+blocks before it) of each block a request found in the pool, so that the tier's recency counts those uses.
 """
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ class Step:
     sampled: list[bool] = field(default_factory=list)              # [B] does b sample a token now?
     kv_loads: list[KVLoad] = field(default_factory=list)           # tier blocks to copy in before the step runs
     kv_stores: list[KVStore] = field(default_factory=list)         # blocks it computes, to keep in the tier
+    kv_used: list[tuple[bytes, int]] = field(default_factory=list)  # (hash, depth) of its pool hits: tier recency
 
     @property
     def num_tokens(self) -> int:
@@ -159,7 +160,7 @@ class Scheduler:
             self._add_to_step(step, seq, num_new)
             budget -= num_new
         assert step.seqs or not self.has_unfinished(), "scheduler made no progress"
-        step.kv_loads, step.kv_stores = self.block_manager.take_transfers()
+        step.kv_loads, step.kv_stores, step.kv_used = self.block_manager.take_transfers()
         self.peak_running = max(self.peak_running, len(self.running))
         self.num_steps += 1
         return step

@@ -91,13 +91,16 @@ def default_root() -> str | None:
 
 
 def sweep_dead_temps(root: Path) -> None:
-    """Removes the folders of processes that died while working or publishing: no one would ever rename
-    or remove them. A folder is named <key>.<tmp|pub|old>-<pid>; a live pid's folder stays."""
+    """Removes the folders and files of processes that died while working or publishing: no one would ever
+    rename or remove them. One is named <name>.<tmp|pub|old>-<pid>; a live pid's stays."""
     for kind in ("tmp", "pub", "old"):
         for tmp in root.glob(f"*.{kind}-*"):
             pid = tmp.name.rpartition(f".{kind}-")[2]
             if pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(tmp, ignore_errors=True)
+                if tmp.is_dir() and not tmp.is_symlink():
+                    shutil.rmtree(tmp, ignore_errors=True)
+                else:
+                    tmp.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
