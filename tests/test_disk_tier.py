@@ -212,10 +212,11 @@ def test_the_budget_holds_across_processes_least_recently_used_first(tmp_path):
     _writers(path, [(0, 2)], budget)                          # prompts 0 and 1
     assert find(open_tier(path, budget), [0] * (4 * BS + 1))[0] == 4 * BS     # prompt 0 read: used last
     _writers(path, [(10, 1), (20, 1)], budget)                # two processes at once, 8 more blocks
-    assert sum(f.stat().st_size for f in files(path)) <= budget and len(files(path)) == 10
+    assert sum(f.stat().st_size for f in files(path)) <= budget
+    assert int((path / "usage").read_text()) == sum(f.stat().st_size for f in files(path))
     tier = open_tier(path, budget)
     assert find(tier, [1] * (4 * BS + 1))[0] == 0             # prompt 1, the least recently used, went first
-    assert find(tier, [0] * (4 * BS + 1))[0] == 2 * BS        # then prompt 0's tail, before its head
+    assert BS <= find(tier, [0] * (4 * BS + 1))[0] < 4 * BS   # then prompt 0's tail, before its head
     assert [find(tier, [p] * (4 * BS + 1))[0] for p in (10, 20)] == [4 * BS, 4 * BS]
 
 

@@ -5,15 +5,20 @@ blocks a step computed and goes on; the thread writes them, never the step.
 - Recency is a file's mtime, set by touch() as a block is written or read: now, less a microsecond per block
   before it in its prefix, so that a prefix's tail blocks look older than its head and go first (a tail without
   its head is never found), as the pool evicts a request's tail first.
-- Each batch of new files is written holding `<dir>/lock` (fcntl.flock, released if the process dies): the
-  thread lists `blocks/`, removes the least recently used files until the batch fits kv_cache.disk_cache_bytes
-  with every other process's files counted, then writes each file under a temporary name and renames it into
-  place. A reader sees a whole block or none; the budget holds across every process using the directory.
+- Each batch of new files is written holding `<dir>/lock` (fcntl.flock, released if the process dies; a batch
+  that waits more than LOCK_TIMEOUT_S for it is dropped). `<dir>/usage` counts the bytes of the block files: a
+  batch that fits the budget adds its bytes there before its files appear (a writer killed meanwhile leaves an
+  over-count, never an under-count); one that does not fit lists `blocks/` (the true count, every process's files),
+  removes the least recently used files until the directory is down to EVICT_TO of kv_cache.disk_cache_bytes less
+  the batch (so that a listing is rare), and rewrites the count. Each file is written under a temporary name and
+  renamed into place. A reader sees a whole block or none; the budget holds across every process using the
+  directory. (A reader that removes a damaged file leaves the count high until the next listing: conservative.)
 - The queue holds at most max_pending_bytes of blocks; past that a block is dropped (counted), not waited
   for. A write that fails (a full or read-only disk) drops its batch with a one-line warning.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import queue
@@ -28,6 +33,8 @@ from ms_atb.core.kv_tier import KVStore
 from ms_atb.worker import kv_block_file
 
 _STOP = object()
+LOCK_TIMEOUT_S = 30.0
+EVICT_TO = 0.9
 
 
 class TierWriter:
@@ -94,7 +101,14 @@ class TierWriter:
                     self._queue.task_done()
 
     def _write_batch(self, batch: list) -> None:
-        files, depths = {}, {}                   # path -> (header, data), new files only; path -> blocks before it
+        files, depths, now = self._new_files(batch)
+        if files:
+            self._write_files(files, depths, now)
+
+    def _new_files(self, batch: list) -> tuple[dict, dict, int]:
+        """The batch's blocks not on disk yet: {path: (header, data)} and {path: blocks before it}, and the time
+        of this use; the files of the others, and of the blocks found in a pool, are touched."""
+        files, depths = {}, {}
         touched = {}                             # path -> depth: files already there, used again
         for stores, data, used in batch:
             for h, depth in used:
@@ -113,28 +127,49 @@ class TierWriter:
         now = time.time_ns()
         for path, depth in touched.items():
             _touch_path(path, depth, now)
-        if not files:
-            return
-        with open(self.folder / "lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            sizes = {path: len(head) + row.nbytes for path, (head, row) in files.items()}
-            room = self._make_room(sum(sizes.values()), max(sizes.values()))
-            for path, (head, row) in files.items():
-                if sizes[path] > room:
-                    with self._lock:
-                        self.counters["dropped_blocks"] += 1
-                    continue
-                self._publish(path, head, row, depths[path], now)
-                room -= sizes[path]
+        return files, depths, now
+
+    def _write_files(self, files: dict, depths: dict, now: int) -> None:
+        sizes = {path: len(head) + row.nbytes for path, (head, row) in files.items()}
+        with _locked(self.folder / "lock") as locked:
+            if not locked:
+                raise OSError(f"{self.folder / 'lock'} stayed locked for {LOCK_TIMEOUT_S:.0f} s")
+            total = self._read_usage()
+            need = sum(sizes.values())
+            if total is None or total + need > self.budget_bytes:
+                total = self._evict(need)
+            chosen = []
+            for path in files:
+                if total + sizes[path] <= self.budget_bytes:
+                    chosen.append(path)
+                    total += sizes[path]
+            self._write_usage(total)             # before the files appear: a kill leaves an over-count
+            for path in chosen:
+                self._publish(path, *files[path], depths[path], now)
+        with self._lock:
+            self.counters["dropped_blocks"] += len(files) - len(chosen)
 
     def _path(self, block_hash: bytes) -> Path:
         return self.blocks / f"{block_hash.hex()}.kv"
 
-    def _make_room(self, need: int, largest: int) -> int:
-        """Removes the least recently used block files until `need` more bytes fit the budget (holding the
-        lock); returns the bytes that now fit. Temporary files of dead processes go first."""
+    def _read_usage(self) -> int | None:
+        try:
+            return int((self.folder / "usage").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write_usage(self, total: int) -> None:
+        tmp = self.folder / f"usage.{threading.get_ident()}.tmp-{os.getpid()}"
+        tmp.write_text(str(total))
+        os.replace(tmp, self.folder / "usage")
+
+    def _evict(self, need: int) -> int:
+        """Lists blocks/ (holding the lock) and, if `need` more bytes do not fit the budget, removes the least
+        recently used files until they do with the directory at most EVICT_TO of the budget; returns the bytes
+        left. Temporary files of dead processes go first."""
         from ms_atb.worker.graph_cache import sweep_dead_temps
         sweep_dead_temps(self.blocks)
+        sweep_dead_temps(self.folder)
         entries, total = [], 0
         with os.scandir(self.blocks) as it:
             for entry in it:
@@ -145,22 +180,21 @@ class TierWriter:
                 total += st.st_size
                 if entry.name.endswith(".kv"):
                     entries.append((st.st_mtime_ns, st.st_size, entry.path))
-        if total + need <= self.budget_bytes or largest > self.budget_bytes:
-            return self.budget_bytes - total
+        if total + need <= self.budget_bytes:
+            return total
+        target = min(self.budget_bytes - need, int(EVICT_TO * self.budget_bytes) - need)
         entries.sort()
         evicted = 0
         for _, size, path in entries:
-            if total + need <= self.budget_bytes:
+            if total <= target:
                 break
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
             total -= size
             evicted += 1
         with self._lock:
             self.counters["evicted_blocks"] += evicted
-        return self.budget_bytes - total
+        return total
 
     def _publish(self, path: Path, head: bytes, row: np.ndarray, depth: int, now: int) -> None:
         tmp = path.with_name(f"{path.stem}.{threading.get_ident()}.tmp-{os.getpid()}")
@@ -181,6 +215,23 @@ class TierWriter:
             self._warned = True
             print(f"[ms_atb] warning: kv_cache.disk_cache_dir {self.folder}: a write failed ({e.strerror or e}); "
                   f"blocks that fail to write are recomputed when needed", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Holds an exclusive flock on path; yields False if it could not within LOCK_TIMEOUT_S."""
+    with open(path, "a") as f:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.005)
+        yield True                               # released as the file closes
 
 
 def touch(file, depth: int, now: int) -> None:
