@@ -103,3 +103,35 @@ def test_the_replicas_of_a_dp_job_read_each_others_prefixes(tmp_path):
         hits.append(_disk_hits(text))
     assert sum(hits) >= 4 * 4 * 16, hits                        # at least 4 groups' 4 whole blocks each
     assert len(out.read_text().splitlines()) == 24
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_keep_their_shards_and_agree_on_hits(tmp_path):
+    # TP=2 under msrun, twice on one directory: each rank keeps its own shard of every block (its identity names
+    # the rank), and the second job reads them back on both ranks (the ranks agree on each fetch's count), with
+    # the first job's tokens and every step's sampled tokens checked equal across ranks (MS_ATB_DEBUG=1).
+    rng = random.Random(11)
+    system = [rng.randrange(500) for _ in range(50)]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"t{i}", "prompt": system + [rng.randrange(500) for _ in range(9 + i)]})
+                           + "\n" for i in range(6)))
+    disk = tmp_path / "kv"
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+               MS_ATB_DEBUG="1")
+    for name in ("MS_WORKER_NUM", "MS_ROLE", "MS_NODE_ID", "RANK_ID"):
+        env.pop(name, None)
+    outputs, hits = [], []
+    for k in range(2):
+        out, log = tmp_path / f"out{k}.jsonl", tmp_path / f"log{k}"
+        command = ["bash", os.path.join(ROOT, "scripts", "msrun_generate.sh"), "-n", "2", "--master-port",
+                   str(_free_port()), "--log-dir", str(log), "--", *_job(inp, out, disk)]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                              start_new_session=True)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        outputs.append({x["id"]: x["token_ids"] for x in map(json.loads, out.read_text().splitlines())})
+        hits.append(_disk_hits((log / "worker_0.log").read_text()))
+        if k == 0:
+            shards = len(_block_files(disk))
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 6
+    assert hits[0] == 0 and hits[1] >= 3 * 16
+    assert shards % 2 == 0 and len(_block_files(disk)) == shards       # one file per block and rank, none new
