@@ -300,6 +300,7 @@ class BatchJob:
             print(f"[ms_atb] beam search: {n} requests in {elapsed:.1f} s, {tokens} best-beam tokens "
                   f"({tokens / max(elapsed, 1e-9):.1f}/s)", file=sys.stderr)
         elif self.llm.runner is not None:
+            self.llm.flush_disk_cache()          # the summary counts every block written
             print(format_summary(self.summary.result(elapsed, self.llm.stats())), file=sys.stderr)
 
     def merge(self) -> None:

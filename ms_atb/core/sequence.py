@@ -20,7 +20,7 @@ class Sequence:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                  ignore_eos: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),
-                 arrival_time: float | None = None):
+                 arrival_time: float | None = None, extra_key: str | None = None):
         if len(prompt_token_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty")
         if not isinstance(max_tokens, numbers.Integral) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -36,6 +36,7 @@ class Sequence:
         self.num_cached_tokens = 0       # prompt tokens found in the prefix cache at first admission
         self.num_preemptions = 0
         self.needs_prompt_logits = False  # the logits of every prompt position are still wanted: no cache hits
+        self.extra_key = extra_key       # what else its KV depends on (an adapter's name): shared only within it
         self.finish_reason: str | None = None
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
