@@ -72,8 +72,10 @@ class BlockManager:
         return len(self._prefix)
 
     def allocate(self, request_id: str, token_ids: list[int], max_tokens: int | None = None,
-                 cache_lookup: bool = True) -> int:
-        # cache_lookup=False: no hits (the caller computes every prompt token, e.g. for prompt logprobs)
+                 cache_lookup: bool = True, extra_key: bytes | None = None) -> int:
+        # cache_lookup=False: no hits (the caller computes every prompt token, e.g. for prompt logprobs);
+        # extra_key: the root of the request's hash chain (a LoRA adapter's identity): blocks are shared only
+        # between requests of the same extra key (ms_atb/core/prefix_cache.py)
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} already holds blocks; free it first")
         if len(token_ids) == 0:
@@ -82,7 +84,7 @@ class BlockManager:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 0, got {max_tokens}")
         bs = self._block_size
         num_tokens = len(token_ids)
-        hits, hashes = (self._prefix.lookup(token_ids, bs) if self._caching and cache_lookup
+        hits, hashes = (self._prefix.lookup(token_ids, bs, extra_key) if self._caching and cache_lookup
                         else ([], []))
         num_new = -(-num_tokens // bs) - len(hits)
         assert num_new >= 1  # the block holding the last prompt token is always private
@@ -91,7 +93,7 @@ class BlockManager:
             raise NoFreeBlocksError(
                 f"request {request_id!r} needs {num_new} new blocks, "
                 f"{self.num_free_blocks - revived} free")
-        req = KVRequest(list(token_ids), max_tokens)
+        req = KVRequest(list(token_ids), max_tokens, self._prefix.root(extra_key))
         for b in hits:
             if self._ref_counts[b] == 0:
                 self._prefix.revive(b)
@@ -141,7 +143,7 @@ class BlockManager:
             chunk = req.token_ids[i * bs:(i + 1) * bs]
             h = self._prefix.hash(req.last_hash, chunk)
             # a copy of a cached content is registered too: it outlives evictions of the other copies
-            self._prefix.register(req.block_ids[i], h, chunk, req.block_ids[i - 1] if i else None)
+            self._prefix.register(req.block_ids[i], h, chunk, req.block_ids[i - 1] if i else None, req.root)
             req.last_hash = h
             req.num_hashed = i + 1
 

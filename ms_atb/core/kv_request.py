@@ -8,16 +8,18 @@ from __future__ import annotations
 
 
 class KVRequest:
-    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "max_len", "num_prompt_blocks", "homes",
+    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "root", "max_len", "num_prompt_blocks", "homes",
                  "homes_cap")
 
-    def __init__(self, token_ids: list[int], max_tokens: int | None = None):
+    def __init__(self, token_ids: list[int], max_tokens: int | None = None, root: tuple = (None, None)):
         self.block_ids: list[int] = []
         self.num_prompt_blocks = 0   # blocks of the table once allocate() placed the prompt
         self.max_len = None if max_tokens is None else len(token_ids) + max_tokens
         self.token_ids = token_ids
         self.num_hashed = 0          # leading full blocks already visited by commit / hits
-        self.last_hash: bytes | None = None
+        # the hash of the last hashed block; before any, the root's: PrefixCache.root of the request's extra key
+        self.last_hash: bytes | None = root[0]
+        self.root = root[1]          # the chain a first block is registered after
         # (table position, 0 | 1, block): free blocks next to a run of this request's own blocks, 0 right after
         # the run, 1 right below it (a lazy heap: FreeRanges.home checks each entry when it surfaces)
         self.homes: list[tuple[int, int, int]] = []

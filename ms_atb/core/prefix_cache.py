@@ -10,6 +10,10 @@ equal and its parent chain is the one the request matched so far (the very block
 copy whose chain of tokens compares equal; none for a first block), so a colliding hash costs a miss,
 never another prefix's KV. The hashes are keyed with a random secret of each PrefixCache, so that
 collisions cannot be crafted offline. Pure Python, O(1) per block (a collision costs a scan of its copies).
+
+An extra key (bytes, e.g. a LoRA adapter's identity) is the root of a request's chain: its first block's parent
+hash is the key's hash and its chain starts from the key, so blocks computed under different extra keys (or
+none) never match, by hash or by chain, even when their tokens do.
 """
 from __future__ import annotations
 
@@ -55,11 +59,18 @@ class PrefixCache:
         """The keyed hash of a full block whose parent block hashed to parent (None: a first block)."""
         return hash_block(parent, token_ids, self._key)
 
-    def lookup(self, token_ids, block_size: int) -> tuple[list[int], list[bytes]]:
+    def root(self, extra_key: bytes | None) -> tuple[bytes | None, Chain | None]:
+        """The (parent hash, parent chain) of a request's first block: (None, None) without an extra key."""
+        if extra_key is None:
+            return None, None
+        return hash_block(b"extra key\0" + extra_key, (), self._key), (None, ("extra key", extra_key))
+
+    def lookup(self, token_ids, block_size: int, extra_key: bytes | None = None) -> tuple[list[int], list[bytes]]:
         """The cached blocks of the longest run of whole leading blocks of token_ids, and their hashes.
         At least one token is left out. A copy right after the previous hit is taken first (contiguity),
         else the first copy (a live one when there is one); each is checked by its tokens and its chain."""
-        hits, hashes, parent, chain = [], [], None, None
+        hits, hashes = [], []
+        parent, chain = self.root(extra_key)
         for i in range((len(token_ids) - 1) // block_size):
             chunk = tuple(token_ids[i * block_size:(i + 1) * block_size])
             parent = self.hash(parent, chunk)
@@ -87,12 +98,12 @@ class PrefixCache:
         own = self.block_chain[block]
         return own[1] == chunk and _same_chain(own[0], chain)
 
-    def register(self, block: int, h: bytes, tokens, parent: int | None) -> None:
+    def register(self, block: int, h: bytes, tokens, parent: int | None, root: Chain | None = None) -> None:
         """block holds the committed content h (tokens), after the registered block parent (None: it is
-        a request's first block): later lookups may find it. A block keeps the first content it was
-        registered with until it is evicted."""
+        a request's first block, after `root`, the chain of its extra key): later lookups may find it. A block
+        keeps the first content it was registered with until it is evicted."""
         if self.block_hash[block] is None:
-            parent_chain = None if parent is None else self.block_chain[parent]
+            parent_chain = root if parent is None else self.block_chain[parent]
             assert parent is None or parent_chain is not None, "a block is registered after its parent"
             tokens = tuple(tokens)
             self.copies.setdefault(h, {})[block] = None
