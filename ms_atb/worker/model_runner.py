@@ -7,6 +7,10 @@ fixed width ceil(max_model_len / block_size). Padded tokens get slot -1 (no cach
 multiplied by the linears (they stop at query_start_loc[-1]); padded sequences get context_len 0 and an
 empty query range (no attention). Dynamic shapes were measured slower on this CPU (see
 scripts/bench_model.py).
+
+With LoRA (lora.enable_lora) each token's adapter slot is one more int32 input [T] (-1: none, padding included),
+and the adapters a step needs are written into their slots before it runs (load_lora, models/lora.py): switching
+adapters compiles nothing.
 """
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ import numpy as np
 from ms_atb.config import parse_device, resolve_cache_dtype
 from ms_atb.formats import loader
 from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.peft_adapter import load_adapter
 from ms_atb.formats.sharding import num_kv_heads_per_rank
 from ms_atb.formats.weight_formats import linear_activations, weight_formats
 from ms_atb.models import weights
 from ms_atb.models.llama import LlamaForCausalLM, LlamaTokenLogits
+from ms_atb.models.lora import write_slot
 from ms_atb.ops.backends import resolve_backend
 from ms_atb.worker.graph_call import GraphCall
 
@@ -135,10 +141,12 @@ class ModelRunner:
         # the quantized linears' kernels and layout: model.activation_dtype, "auto" resolved
         self.activation_dtype = linear_activations(config.model.activation_dtype, self.weight_formats,
                                                    config.model.dtype)
+        self.lora = (config.lora.max_loras, config.lora.max_lora_rank) if config.lora.enable_lora else None
+        self.lora_load_seconds = 0.0             # spent reading adapters and writing them into their slots
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
-                                      activation_dtype=self.activation_dtype)
+                                      activation_dtype=self.activation_dtype, lora=self.lora)
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.weight_cache = self._load_weights(config.context.compile_cache)
         self.compiled = set()                    # token buckets whose graph is ready
@@ -170,7 +178,8 @@ class ModelRunner:
                          f"{self.max_num_batched_tokens}")
 
     def prepare(self, step) -> tuple[list, int]:
-        """The six padded int32 input arrays of a step, and its number of sequences."""
+        """The six padded int32 input arrays of a step (seven with LoRA: each token's adapter slot), and its number
+        of sequences."""
         num_seqs, num_tokens = len(step.request_ids), len(step.token_ids)
         if num_seqs > self.max_num_seqs:
             raise ValueError(f"step has {num_seqs} sequences, above max_num_seqs {self.max_num_seqs}")
@@ -195,7 +204,22 @@ class ModelRunner:
         context_lens[:num_seqs] = step.context_lens
         qsl = np.full(b + 1, num_tokens, np.int32)
         qsl[:num_seqs + 1] = step.query_start_loc
-        return [ids, positions, slots, tables, context_lens, qsl], num_seqs
+        arrays = [ids, positions, slots, tables, context_lens, qsl]
+        if self.lora is not None:
+            lora_slots = np.full(t, -1, np.int32)     # [T]: each token its sequence's slot
+            lora_slots[:num_tokens] = np.repeat(np.asarray(step.lora_slots, np.int32), step.num_scheduled_tokens)
+            arrays.append(lora_slots)
+        return arrays, num_seqs
+
+    def load_lora(self, slot: int, path: str, key: bytes) -> None:
+        """Slot `slot` holds the adapter of directory `path` from the next step on; ValueError when its files no
+        longer hold the adapter `key` names (changed since the request naming it was checked)."""
+        start = time.perf_counter()
+        adapter = load_adapter(path, self.model_config, self.lora[1])
+        if adapter.digest != key:
+            raise ValueError(f"LoRA adapter {path!r}: its files changed since the request naming it was checked")
+        write_slot(self.model, slot, adapter, self.tp_size, self.tp_rank)
+        self.lora_load_seconds += time.perf_counter() - start
 
     def execute(self, step, every_token: bool = False) -> np.ndarray:
         """Logits float32 of each sequence's last scheduled token [B, vocab]; with every_token, of
@@ -270,7 +294,7 @@ class ModelRunner:
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
                 "kernels": loaded_kernel_library(), "attention_backend": self.attention_backend,
-                **self._attention_library()}
+                **self._attention_library(), **({"lora": list(self.lora)} if self.lora is not None else {})}
 
     def _attention_library(self) -> dict:
         if self.attention_backend != "ascendc":
@@ -283,7 +307,7 @@ class ModelRunner:
         b = min(t, self.max_num_seqs)
         arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
                   np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
-                  np.zeros(b + 1, np.int32)]
+                  np.zeros(b + 1, np.int32)] + ([np.full(t, -1, np.int32)] if self.lora is not None else [])
         self._graph_call().compile(t, *[ms.Tensor(a) for a in arrays]).asnumpy()
         self.compiled.add(t)
 
