@@ -1,7 +1,7 @@
 """ms_atb: a MindSpore-native LLM inference engine built around a paged KV cache."""
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "BeamSearchParams"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "BeamSearchParams", "LoRARequest"]
 
 
 def __getattr__(name):
@@ -12,6 +12,9 @@ def __getattr__(name):
     if name == "SamplingParams":
         from ms_atb.sampling_params import SamplingParams
         return SamplingParams
+    if name == "LoRARequest":
+        from ms_atb.lora_request import LoRARequest
+        return LoRARequest
     if name == "BeamSearchParams":
         from ms_atb.beam_search import BeamSearchParams
         return BeamSearchParams
