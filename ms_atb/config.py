@@ -111,6 +111,15 @@ class KVCacheSection:
                 "tokens equal HF transformers'), `float16`, `bfloat16` or `int8` (symmetric, a float32 scale per "
                 "token and KV head, computed as the token is written). The model still computes in its own dtype: "
                 "the kernels convert as they read and write. Other than `auto`: CPU only.")
+    disk_cache_dir: str = _leaf(
+        "", "A directory keeping computed prefix blocks on disk between processes (empty: off): a later job, a "
+            "job resumed after a kill and the replicas of a data-parallel job read a prompt's blocks from it "
+            "instead of computing them. Shared safely by concurrent jobs; used only by engines whose KV bytes "
+            "would be the same (model, dtypes, block size, tensor-parallel layout). Must be your own and closed to "
+            "group and others' writes. Needs `enable_prefix_caching`; CPU only (docs/usage.md, \"KV disk tier\").")
+    disk_cache_bytes: Union[int, str] = _leaf(
+        "10GiB", "The disk tier's budget: a byte count or a size like `10GiB`. The least recently used blocks go "
+                 "first, across every process using the directory.")
 
 
 @dataclass
@@ -300,6 +309,7 @@ class EngineConfig:
             raise ValueError(f"context.seed must be an integer >= 0, got {self.context.seed}")
         if parse_size(kv.memory_budget, "kv_cache.memory_budget") < 1:
             raise ValueError("kv_cache.memory_budget must be positive")
+        _check_disk_cache(kv, kind)
         try:
             SamplingParams(**dataclasses.asdict(self.sampling))
         except ValueError as e:
@@ -366,6 +376,22 @@ def resolve_cache_dtype(cache_dtype: str, model_dtype: str, device: str) -> str:
     return "float16" if parse_device(device)[0] == "cpu" else model_dtype
 
 
+def _check_disk_cache(kv: "KVCacheSection", device_kind: str) -> None:
+    """kv_cache.disk_cache_dir and disk_cache_bytes (the directory's ownership is checked when the engine opens it)."""
+    if parse_size(kv.disk_cache_bytes, "kv_cache.disk_cache_bytes") < 1:
+        raise ValueError("kv_cache.disk_cache_bytes must be positive")
+    if not kv.disk_cache_dir:
+        return
+    path = os.path.expanduser(kv.disk_cache_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"kv_cache.disk_cache_dir must be a directory, got the file {kv.disk_cache_dir!r}")
+    if device_kind != "cpu":
+        raise ValueError("kv_cache.disk_cache_dir runs on the CPU only (context.device 'cpu'); leave it empty on 'npu'")
+    if not kv.enable_prefix_caching:
+        raise ValueError("kv_cache.disk_cache_dir needs kv_cache.enable_prefix_caching: true (the tier's blocks are "
+                         "found by the prefix cache's hashes)")
+
+
 def parse_device(device: str) -> tuple[str, Union[int, None]]:
     """"cpu" -> ("cpu", None); "npu" -> ("npu", None); "npu:N" -> ("npu", N). ValueError otherwise."""
     if device in ("cpu", "npu"):
@@ -382,7 +408,8 @@ def _choice(name: str, value: str, allowed: tuple) -> None:
 
 
 _INT_OR_STR = {"kv_cache.num_blocks": "an integer >= 1 or 'auto'",
-               "kv_cache.memory_budget": "a byte count or a size like '1GiB' or '512MiB'"}
+               "kv_cache.memory_budget": "a byte count or a size like '1GiB' or '512MiB'",
+               "kv_cache.disk_cache_bytes": "a byte count or a size like '10GiB'"}
 
 
 def _coerce(name: str, value: Any, ftype: str) -> Any:

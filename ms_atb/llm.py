@@ -18,6 +18,7 @@ from ms_atb.engine.engine import Engine
 from ms_atb.engine.input_processor import InputProcessor, Prompt
 from ms_atb.engine.output_processor import OutputProcessor
 from ms_atb.engine.request import Request
+from ms_atb.engine.structured_outputs import StructuredOutputManager
 from ms_atb.outputs import RequestOutput
 from ms_atb.progress import progress_bar
 from ms_atb.sampling_params import SamplingParams
@@ -80,12 +81,17 @@ class LLM:
                           load_tokenizer(cfg.model.path, vocab_size=self.model_config.vocab_size))
         if self.tokenizer is not None:      # a model may pad its vocabulary past the tokenizer's
             self.tokenizer.pad_to(self.model_config.vocab_size)
+        if cfg.kv_cache.disk_cache_dir:           # refused now, before the build, if others may write there
+            from ms_atb.worker.disk_tier import open_dir
+            open_dir(cfg.kv_cache.disk_cache_dir)
+        self.disk_tier = None                     # DiskTier, opened by build()
         sc = cfg.scheduler
         self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
                               "max_num_batched_tokens": sc.max_num_batched_tokens}
         self.adapters = Adapters(self.model_config, cfg.lora.max_lora_rank if cfg.lora.enable_lora else None)
         self.engine = Engine(self.new_scheduler, spmd_sampler(Sampler(), tp),
-                             self.tokenizer.token_bytes if self.tokenizer is not None else None, self.adapters)
+                             StructuredOutputManager(self.tokenizer) if self.tokenizer is not None else None,
+                             self.adapters)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len,
                                               self.engine, self.adapters)
         self._run_stats: dict = {}
@@ -173,6 +179,8 @@ class LLM:
             if cfg.context.precompile:
                 runner.warmup()
         self.engine.runner = runner
+        if cfg.kv_cache.disk_cache_dir:
+            self._open_disk_tier(runner)
         if runner.weight_cache.status != "off":
             self._log(f"weight cache {runner.weight_cache.status} ({runner.weight_cache.index_path})")
         stats = runner.graph_stats()
@@ -185,6 +193,22 @@ class LLM:
         elif status != "off":
             self._log(f"graphs load or compile on first use; compile cache{where}")
         self.build_seconds = time.perf_counter() - t0
+
+    def _open_disk_tier(self, runner) -> None:
+        """The KV tier on disk (kv_cache.disk_cache_dir), given to the runner and to a fresh scheduler."""
+        from ms_atb.worker.disk_tier import DiskTier
+        from ms_atb.worker.distributed import ranks_min
+        kv, tp = self.config.kv_cache, self.config.parallel.tensor_parallel_size
+        self.disk_tier = runner.disk_tier = DiskTier(
+            kv.disk_cache_dir, parse_size(kv.disk_cache_bytes, "kv_cache.disk_cache_bytes"), runner.kv_identity(),
+            kv.block_size, runner.kv_pool.block_bytes, agree=ranks_min() if tp > 1 else None)
+        self.engine.reset(self.new_scheduler())
+        self._log(f"KV disk tier {self.disk_tier.folder} (budget {kv.disk_cache_bytes})")
+
+    def flush_disk_cache(self) -> None:
+        """Returns once every block handed to the KV disk tier is on disk (a normal exit does this too)."""
+        if self.disk_tier is not None:
+            self.disk_tier.flush()
 
     # ---- public API -----------------------------------------------------------------------
     def get_tokenizer(self):
@@ -360,10 +384,14 @@ class LLM:
             "cache_dtype": self.cache_dtype,
             "bytes_per_block": self.kv_bytes_per_block,
             "num_computed_tokens": s["num_computed_prompt_tokens"],
+            "disk_cache_hit_tokens": s.get("disk_cache_hit_tokens", 0),
+            "disk_cache_written_blocks": 0,
         }
         if "num_lora_loads" in s:               # LoRA on: adapters written into slots, and the time it took
             out["lora_loads"] = s["num_lora_loads"]
             out["lora_load_s"] = self.runner.lora_load_seconds if self.runner is not None else 0.0
+        if self.disk_tier is not None:
+            out.update(self.disk_tier.stats())
         out.update(tokens_per_s=0.0, num_output_tokens=0, elapsed_s=0.0, num_deduplicated=0)   # before any run
         out.update({k: v for k, v in self._run_stats.items() if not k.startswith("kv_")})
         return out
@@ -389,7 +417,8 @@ class LLM:
             num_blocks=self.num_blocks, block_size=kv.block_size, max_model_len=self.max_model_len,
             max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
             enable_chunked_prefill=sc.enable_chunked_prefill, enable_prefix_caching=kv.enable_prefix_caching,
-            allocation=kv.allocation, max_loras=self.config.lora.max_loras if self.config.lora.enable_lora else 0))
+            allocation=kv.allocation, max_loras=self.config.lora.max_loras if self.config.lora.enable_lora else 0),
+            kv_tier=self.disk_tier)
         scheduler.set_policy(self.policy)
         return scheduler
 

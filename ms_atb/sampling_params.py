@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ms_atb.structured_outputs import StructuredOutputsParams, encodable
+
 
 MAX_LOGPROBS = 20    # the most alternatives logprobs / prompt_logprobs may ask for per token
 MAX_N = 64           # the most samples one request may ask for (n): each is a sequence of its own
@@ -20,15 +22,6 @@ def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _encodable(text: str) -> bool:
-    """False for strings UTF-8 cannot encode (lone surrogates such as '\\ud800')."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _token_bias(bias) -> dict[int, float]:
     """{token id: bias}; keys may be digit strings (JSON objects), biases in [-100, 100]."""
     error = f"logit_bias must map token ids (ints >= 0) to numbers in [-100, 100], got {bias!r}"
@@ -43,6 +36,11 @@ def _token_bias(bias) -> dict[int, float]:
         out[key] = float(value)
     return out
 
+
+# vLLM's older keywords, each one kind of StructuredOutputsParams.
+_LEGACY_KINDS = {"guided_json": "json", "guided_regex": "regex", "guided_grammar": "grammar", "guided_choice": "choice"}
+# The fields that give a request a structured output constraint (at most one may be set).
+STRUCTURED_FIELDS = ("structured_outputs", *_LEGACY_KINDS)
 
 # The surfaces a field is exposed on besides the Python API (sampling_fields(surface) lists them):
 CONFIG = "config"    # a `sampling.*` leaf of the YAML config (and an LLM(...) keyword): the job's defaults
@@ -124,9 +122,23 @@ class SamplingParams:
     include_stop_str_in_output: bool = _param(
         False, "Keep the stop string that ended the text at its end (a stop token id is never part of the text).",
         (OPENAI,))
+    structured_outputs: StructuredOutputsParams | None = _param(
+        None, "What the output text must match: StructuredOutputsParams(json=schema | json_object=True | regex=... | "
+              "choice=[...] | grammar=lark), exactly one kind (a batch line gives it as an object, e.g. {\"json\": "
+              "schema}). The request ends with stop where the constraint is complete; not with ignore_eos, min_tokens "
+              "or allowed_token_ids.", (OPENAI,))
+    guided_json: str | dict | None = _param(
+        None, "A JSON Schema (a dict or its JSON text) the output matches: structured_outputs=StructuredOutputsParams("
+              "json=...), in vLLM's older keyword.", (CLI, OPENAI))
+    guided_regex: str | None = _param(
+        None, "A regular expression the whole output matches: structured_outputs regex, in vLLM's older keyword.",
+        (CLI, OPENAI))
+    guided_grammar: str | None = _param(
+        None, "A grammar in Lark syntax (or GBNF) the output is a sentence of: structured_outputs grammar, in vLLM's "
+              "older keyword.", (CLI, OPENAI))
     guided_choice: list[str] | None = _param(
-        None, "The output text is exactly one of these strings (vLLM's guided_choice); not with ignore_eos, "
-              "min_tokens or allowed_token_ids.", (CLI, OPENAI))
+        None, "The output text is exactly one of these strings (vLLM's guided_choice): structured_outputs choice; "
+              "not with ignore_eos, min_tokens or allowed_token_ids.", (CLI, OPENAI))
     bad_words: list[str] | None = _param(
         None, "Words never generated: each is encoded alone and after a space, and the last token of such a "
               "sequence is never chosen right after its other tokens (as in vLLM).", (CLI, OPENAI))
@@ -140,6 +152,7 @@ class SamplingParams:
         self._check_sizes_and_distribution()
         self._check_stops_and_counts()
         self._check_token_rules_and_penalties()
+        self._check_structured()
 
     def _check_sizes_and_distribution(self) -> None:
         if not is_int(self.n) or not 1 <= self.n <= MAX_N:
@@ -166,7 +179,7 @@ class SamplingParams:
     def _check_stops_and_counts(self) -> None:
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
-            if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s and _encodable(s)
+            if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s and encodable(s)
                                                                 for s in stops):
                 raise ValueError(f"stop must be a non-empty string or a list of non-empty strings (valid "
                                  f"Unicode), got {self.stop!r}")
@@ -199,16 +212,10 @@ class SamplingParams:
             words = getattr(self, name)
             if words is not None:
                 if not isinstance(words, (list, tuple)) or not words or not all(
-                        isinstance(w, str) and w.strip() and _encodable(w) for w in words):
+                        isinstance(w, str) and w.strip() and encodable(w) for w in words):
                     raise ValueError(f"{name} must be a non-empty list of strings that are not blank (valid "
                                      f"Unicode), got {words!r}")
                 setattr(self, name, list(dict.fromkeys(words)))
-        if self.guided_choice is not None:
-            clash = [name for name, on in (("ignore_eos=True", self.ignore_eos), ("min_tokens > 0", self.min_tokens),
-                                           ("allowed_token_ids", self.allowed_token_ids is not None)) if on]
-            if clash:
-                raise ValueError(f"guided_choice ends the request once the text is one of the choices; it cannot "
-                                 f"be combined with {', '.join(clash)}")
         rp = self.repetition_penalty
         if not is_number(rp) or not 0 < rp < float("inf"):
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), got {rp!r}")
@@ -218,6 +225,36 @@ class SamplingParams:
             if not is_number(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
             setattr(self, name, float(value))
+
+    def _check_structured(self) -> None:
+        """At most one structured output field, each of the right shape, and none of the settings that would keep
+        the request from ending where its constraint is complete."""
+        so = self.structured_outputs
+        if so is not None:
+            self.structured_outputs = StructuredOutputsParams.from_dict(so)
+            self.structured_outputs.validate()
+        for name, kind in _LEGACY_KINDS.items():
+            if name != "guided_choice" and getattr(self, name) is not None:   # guided_choice: checked with bad_words
+                StructuredOutputsParams(**{kind: getattr(self, name)})
+        given = [name for name in STRUCTURED_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"a request takes one structured output constraint, got {given}")
+        clash = [name for name, on in (("ignore_eos=True", self.ignore_eos), ("min_tokens > 0", self.min_tokens),
+                                       ("allowed_token_ids", self.allowed_token_ids is not None)) if on]
+        if given and clash:
+            what = "is one of the choices" if given[0] == "guided_choice" else "completes its constraint"
+            raise ValueError(f"{given[0]} ends the request once the text {what}; it cannot be combined with "
+                             f"{', '.join(clash)}")
+
+    @property
+    def structured(self) -> StructuredOutputsParams | None:
+        """The request's structured output constraint, whichever field gives it; None without one."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs
+        for name, kind in _LEGACY_KINDS.items():
+            if getattr(self, name) is not None:
+                return StructuredOutputsParams(**{kind: getattr(self, name)})
+        return None
 
     @property
     def token_ids_used(self) -> list[int]:

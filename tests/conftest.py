@@ -90,7 +90,8 @@ def cli_on_tiny_engine(tiny_engine, monkeypatch):
         return (config.model.path, config.model.dtype, num_blocks, config.kv_cache.block_size,
                 config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, max_model_len,
                 config.context.device, config.parallel.tensor_parallel_size, tp_rank, config.kv_cache.cache_dtype,
-                config.model.activation_dtype, config.model.weight_dtype)
+                config.model.activation_dtype, config.model.weight_dtype,
+                bool(config.kv_cache.disk_cache_dir))     # a KV disk tier needs a pool of its own
     shared = key(tiny_engine.config, TINY_BUILD["num_blocks"], tiny_engine.max_model_len, 0)
 
     def runner(config, num_blocks=None, max_model_len=None, tp_rank=0, model_config=None, formats=None):

@@ -1,4 +1,5 @@
-"""Hypothesis state machine over random allocate / append / commit / free sequences."""
+"""Hypothesis state machine over random allocate / append / commit / free sequences, requests with and without an
+extra key (blocks are shared only among requests of the same one)."""
 from collections import Counter
 
 from hypothesis import given, settings, strategies as st
@@ -20,7 +21,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm = None
         self.tokens = {}       # rid -> all token ids
         self.committed = {}    # rid -> committed token count
-        self.committed_prefixes = set()  # full-block prefixes ever committed
+        self.committed_prefixes = set()  # (extra key, full-block prefix) ever committed
+        self.keys = {}         # rid -> its extra key
         self.next_id = 0
 
     @rule(allocation=st.sampled_from(["contiguous", "scattered"]))
@@ -28,22 +30,24 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def create(self, allocation):
         self.bm = BlockManager(NUM_BLOCKS, BS, enable_prefix_caching=True, allocation=allocation)
 
-    @rule(prompt=prompts, max_tokens=st.none() | st.integers(0, 100))
+    @rule(prompt=prompts, max_tokens=st.none() | st.integers(0, 100), key=st.sampled_from([None, None, "a"]))
     @precondition(lambda self: self.bm is not None)
-    def allocate(self, prompt, max_tokens):
+    def allocate(self, prompt, max_tokens, key):
         rid = f"r{self.next_id}"
         self.next_id += 1
         before = (self.bm.num_free_blocks, self.bm.stats())
         try:
-            cached = self.bm.allocate(rid, prompt, max_tokens)
+            cached = self.bm.allocate(rid, prompt, max_tokens, extra_key=key)
         except NoFreeBlocksError:
             assert (self.bm.num_free_blocks, self.bm.stats()) == before
             return
         assert cached % BS == 0 and cached < len(prompt)
         for n in range(BS, cached + 1, BS):
-            assert tuple(prompt[:n]) in self.committed_prefixes  # never an uncommitted hit
+            # never an uncommitted hit, nor one committed under another extra key
+            assert (key, tuple(prompt[:n])) in self.committed_prefixes
         self.tokens[rid] = list(prompt)
         self.committed[rid] = 0
+        self.keys[rid] = key
 
     def _some(self, data):
         return data.draw(st.sampled_from(sorted(self.tokens)))
@@ -70,14 +74,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.commit(rid, n)
         self.committed[rid] = max(self.committed[rid], n)
         for k in range(BS, n + 1, BS):
-            self.committed_prefixes.add(tuple(toks[:k]))
+            self.committed_prefixes.add((self.keys[rid], tuple(toks[:k])))
 
     @rule(data=st.data())
     @precondition(lambda self: self.tokens)
     def free(self, data):
         rid = self._some(data)
         self.bm.free(rid)
-        del self.tokens[rid], self.committed[rid]
+        del self.tokens[rid], self.committed[rid], self.keys[rid]
 
     @invariant()
     def consistent(self):
@@ -116,7 +120,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for h, copies in cache.copies.items():                # cached tokens match their hash
             assert copies and all(cache.block_hash[b] == h for b in copies)
         for rid, toks in self.tokens.items():
-            parent, chain = None, None
+            parent, chain = cache.root(self.keys[rid])
             for i, b in enumerate(bm.block_table(rid)[: len(toks) // BS]):
                 parent = cache.hash(parent, toks[i * BS:(i + 1) * BS])
                 chain = (chain, tuple(toks[i * BS:(i + 1) * BS]))

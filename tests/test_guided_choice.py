@@ -1,14 +1,14 @@
-"""guided_choice (the output text is one of a list of strings) and bad_words: the guide on hand-made
-vocabularies, then generate() on the tiny random Llama against the numpy model with the same rules
-written out byte by byte."""
+"""guided_choice (the output text is one of a list of strings) and bad_words: the choice's grammar on hand-made
+vocabularies (walked by tests/guide_helpers.py through the engine's StructuredOutputManager), then generate() on
+the tiny random Llama against the numpy model with the same rules written out byte by byte."""
 
 import numpy as np
 import pytest
 
 from ms_atb import SamplingParams
-from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.text.tokenizer import Tokenizer
 from engine_helpers import scheduler_settings, tiny_logits
+from guide_helpers import choice_guide as ChoiceGuide
 
 EOS = 511                                     # the tiny model's byte tokenizer: ids 0-255 are bytes
 

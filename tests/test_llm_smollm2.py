@@ -84,6 +84,28 @@ def test_guided_choice_and_bad_words_label_reviews(llm):
     assert "positive" in free.text.lower() and "positive" not in banned.text
 
 
+def test_json_schema_extraction_stops_and_validates(llm):
+    """Structured outputs on a real vocabulary: the extracted JSON parses, validates and holds the facts."""
+    import jsonschema
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"},
+        "occupation": {"enum": ["engineer", "teacher", "doctor", "farmer"]},
+        "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                    "additionalProperties": False}},
+        "required": ["name", "age", "occupation", "skills", "address"], "additionalProperties": False}
+    people = [("Alice Martin", 34, "teacher", "Lyon"), ("Bob Chen", 51, "doctor", "Osaka"),
+              ("Carla Rossi", 27, "engineer", "Porto"), ("David Okafor", 45, "farmer", "Nairobi")]
+    chats = [[{"role": "user", "content": f"{n} is {a} years old, works as a {j} and lives in {c}. Extract this "
+                                          f"person's details as JSON."}] for n, a, j, c in people]
+    outs = llm.chat(chats, SamplingParams(max_tokens=120, temperature=0.0, guided_json=schema), use_tqdm=False)
+    for (name, age, job, city), out in zip(people, outs):
+        assert out.finish_reason == "stop" and out.text.endswith("}")     # the grammar's end: no EOS step needed
+        got = json.loads(out.text)
+        jsonschema.validate(got, schema)
+        assert (got["name"], got["age"], got["occupation"], got["address"]["city"]) == (name, age, job, city)
+
+
 def test_prefix_caching_and_preemption_do_not_change_tokens(llm):
     system = ("You are a meticulous assistant for a library. Always answer briefly, cite the shelf "
               "number when you know it, and never invent titles. ") * 3

@@ -8,7 +8,7 @@ from ms_atb.core.lora_slots import LoraSlots
 from ms_atb.core.scheduler import MAX_LORA_OVERTAKES, Scheduler, SchedulerConfig
 from ms_atb.core.sequence import Sequence
 
-A, B, C = b"adapter-a", b"adapter-b", b"adapter-c"
+A, B, C = "lora:a", "lora:b", "lora:c"
 
 
 def test_slots_fill_empty_ones_first_then_evict_the_least_recently_used():
@@ -29,7 +29,7 @@ def test_slots_fill_empty_ones_first_then_evict_the_least_recently_used():
 
 
 def seq(rid, key, n=8, max_tokens=4, start=0):
-    return Sequence(rid, list(range(start, start + n)), max_tokens, ignore_eos=True, lora_key=key)
+    return Sequence(rid, list(range(start, start + n)), max_tokens, ignore_eos=True, extra_key=key, lora_key=key)
 
 
 def run(scheduler, seqs, max_steps=200):

@@ -307,11 +307,11 @@ SURFACE_FIELDS = {
                "presence_penalty", "frequency_penalty", "min_tokens", "n", "truncate_prompt_tokens"},
     "cli": {"max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "min_tokens", "n", "truncate_prompt_tokens", "guided_choice", "bad_words",
-            "ignore_eos"},
+            "ignore_eos", "guided_json", "guided_regex", "guided_grammar"},
     "openai": {"max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
                "logit_bias", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
                "skip_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens", "allowed_token_ids",
-               "bad_words", "guided_choice"},
+               "bad_words", "guided_choice", "structured_outputs", "guided_json", "guided_regex", "guided_grammar"},
 }
 
 

@@ -355,10 +355,10 @@ def test_detok_joins_to_decode(which, sp_dir, json_dir):
 
 @pytest.mark.parametrize("which", ["embedded", "sp", "json"])
 def test_guided_choice_walks_decode_to_the_choice(which, sp_dir, json_dir):
-    """Random walks through the tokens a ChoiceGuide allows always decode to one of the choices, and the
+    """Random walks through the tokens a choice's grammar allows always decode to one of the choices, and the
     tokenization encode() gives is among the walks open."""
     import random
-    from ms_atb.text.guided_choice import ChoiceGuide
+    from guide_helpers import choice_guide as ChoiceGuide
     tok = _embedded() if which == "embedded" else load_tokenizer(str(sp_dir if which == "sp" else json_dir))
     choices = ["hello world", "hello", " paged cache", "数字 2024", "Straße café"]
     guide = ChoiceGuide(choices, tok)
@@ -377,6 +377,48 @@ def test_guided_choice_walks_decode_to_the_choice(which, sp_dir, json_dir):
             assert t in guide.next_token_ids(spelled)
             spelled += tok.token_bytes(t)
         assert guide.is_choice(spelled)
+
+
+WALK_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "n": {"type": "integer", "minimum": -5, "maximum": 500},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3},
+    "opt": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+    "pos": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"],
+            "additionalProperties": False}},
+    "required": ["name", "n", "tags", "pos"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("which", ["embedded", "sp", "json", "gpt2_gguf", "spm_gguf"])
+def test_json_schema_walks_decode_to_valid_json_on_every_tokenizer_path(which, request):
+    """Random walks through the tokens a JSON Schema's grammar allows (llguidance, given each path's vocabulary:
+    HF tokenizer.json, sentencepiece, GGUF byte-level BPE and GGUF sentencepiece-style) decode to JSON that
+    validates; no special token is ever open, and the stop token only where the JSON is complete."""
+    import random
+    import jsonschema
+    import numpy as np
+    from guide_helpers import GuideWalk
+    path = {"embedded": None, "sp": "sp_dir", "json": "json_dir", "gpt2_gguf": "gpt2_gguf", "spm_gguf": "spm_gguf"}
+    found = None if which == "embedded" else request.getfixturevalue(path[which])
+    tok = _embedded() if found is None else load_tokenizer(str(found[0] if isinstance(found, tuple) else found))
+    walk = GuideWalk(tok, stop=min(tok.stop_token_ids), json=WALK_SCHEMA)
+    rng = random.Random(0)
+    special = np.array([tok.is_special(i) for i in range(tok.vocab_size)])
+    for _ in range(25):
+        matcher, ids = walk.manager.matcher(walk.compiled), []
+        while not matcher.is_stopped():
+            row = walk.allowed(matcher)                                                  # [V] bool
+            assert not (row & special).any() or (row & special).sum() == row[walk.stop] == 1
+            if row[walk.stop]:
+                text = tok.decode(ids)
+                jsonschema.validate(json.loads(text), WALK_SCHEMA)                   # complete wherever it may end
+                if rng.random() < 0.3:
+                    break
+            options = [t for t in np.flatnonzero(row).tolist() if t != walk.stop]
+            ids.append(rng.choice(options))
+            assert matcher.consume_token(ids[-1])
+            assert len(ids) < 400
+        jsonschema.validate(json.loads(tok.decode(ids)), WALK_SCHEMA)
 
 
 def test_detok_holds_partial_bytes_of_real_vocab():

@@ -82,7 +82,7 @@ def _flag_kind(annotation: str) -> dict:
         return {"action": "store_true"}
     if annotation.startswith("list[str]"):
         return {"nargs": "+", "metavar": "TEXT"}
-    return {"type": {"int": int, "float": float}[annotation.split(" | ")[0]]}
+    return {"type": {"int": int, "float": float, "str": str}[annotation.split(" | ")[0]]}
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ class BatchItem:
     line: int                                     # 1-based line of the input
     prompt: str | list[int] | None = None         # exactly one of prompt and messages, unless error is set
     messages: list[dict] | None = None
-    sampling: dict = field(default_factory=dict)  # SamplingParams fields the line sets
+    sampling: dict = field(default_factory=dict)  # SamplingParams fields the line sets (and its response_format)
     openai: OpenAIEndpoint | None = None          # set for an OpenAI batch line
     error: str | None = None                      # why the line cannot run (an error line is written instead)
     error_code: str = "invalid_request"           # the OpenAI error code of that line

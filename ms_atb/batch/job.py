@@ -28,13 +28,13 @@ import os
 import sys
 import time
 
-from ms_atb.batch import json_line, openai_batch, replicas, results
+from ms_atb.batch import json_line, openai_batch, replicas, response_format, results
 from ms_atb.batch.id_index import IdIndex
 from ms_atb.batch.item import BatchItem
 from ms_atb.batch.output_file import OutputLock, done_index
 from ms_atb.batch.prompt_file import STDIN, InputFile
 from ms_atb.batch.summary import Summary
-from ms_atb.sampling_params import SamplingParams
+from ms_atb.sampling_params import STRUCTURED_FIELDS, SamplingParams
 
 BEAM_FIELDS = ("max_tokens", "ignore_eos")      # what a request may set under --beam-width
 BEAM_CHUNK = 16                                 # prompts per beam search call: results are written per chunk
@@ -169,10 +169,12 @@ class BatchJob:
     def _request(self, item: BatchItem, index: int):
         """The item's checked Request; ValueError saying what is wrong."""
         if self.beam is not None and set(item.sampling) - set(BEAM_FIELDS):
-            raise ValueError(f"under --beam-width a request may set only {list(BEAM_FIELDS)}, "
-                             f"got {sorted(set(item.sampling) - set(BEAM_FIELDS))}")
-        params = SamplingParams.from_dict({**dataclasses.asdict(self.llm.config.sampling), **self.sampling_defaults,
-                                           **item.sampling})
+            structured = sorted(set(item.sampling) & {response_format.FIELD, *STRUCTURED_FIELDS})
+            raise ValueError(f"beam search takes no structured output constraint, got {structured}" if structured
+                             else f"under --beam-width a request may set only {list(BEAM_FIELDS)}, "
+                                  f"got {sorted(set(item.sampling) - set(BEAM_FIELDS))}")
+        params = SamplingParams.from_dict(response_format.line_sampling(
+            item.sampling, {**dataclasses.asdict(self.llm.config.sampling), **self.sampling_defaults}))
         prompt, special = self._prompt(item)
         return self.llm.make_request(prompt, params, index, request_id=item.engine_id,
                                      add_special_tokens=special, tag=item)
@@ -298,6 +300,7 @@ class BatchJob:
             print(f"[ms_atb] beam search: {n} requests in {elapsed:.1f} s, {tokens} best-beam tokens "
                   f"({tokens / max(elapsed, 1e-9):.1f}/s)", file=sys.stderr)
         elif self.llm.runner is not None:
+            self.llm.flush_disk_cache()          # the summary counts every block written
             print(format_summary(self.summary.result(elapsed, self.llm.stats())), file=sys.stderr)
 
     def merge(self) -> None:

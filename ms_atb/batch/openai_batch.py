@@ -10,8 +10,8 @@ Rules:
   1. parse_line turns a line into the BatchItem ms-atb-generate runs (its id is the custom_id; prompt or
      messages, SamplingParams fields, and the endpoint in `openai`) or into one with `error` set. It never
      raises: in this format every invalid line becomes an error line and the rest of the file runs.
-  2. Body fields map onto SamplingParams (SAMPLING_FIELDS and the per-endpoint ones); "model" is accepted
-     whatever it says and echoed; a field in NO_OP is accepted at the values listed there, which change
+  2. Body fields map onto SamplingParams (SAMPLING_FIELDS and the per-endpoint ones; response_format as
+     ms_atb/batch/response_format.py says); "model" is accepted whatever it says and echoed; a field in NO_OP is accepted at the values listed there, which change
      nothing; any other field is an error naming it. A null field is unset: the job's defaults apply.
   3. A line whose custom_id cannot be read has the id ("line", N) and "custom_id": null in its error line;
      result_key reads that back from "error.line", so --resume never writes a line twice.
@@ -24,7 +24,7 @@ import json
 import time
 import uuid
 
-from ms_atb.batch import json_line
+from ms_atb.batch import json_line, response_format
 from ms_atb.batch.item import BatchItem, OpenAIEndpoint
 from ms_atb.sampling_params import MAX_LOGPROBS, OPENAI, is_int, sampling_fields
 
@@ -34,8 +34,8 @@ URLS = (CHAT_URL, COMPLETIONS_URL)
 # Body fields that are SamplingParams fields of the same name, on both endpoints: OpenAI's, and the extensions
 # vLLM's server accepts in the body (SamplingParams declares which).
 SAMPLING_FIELDS = tuple(f.name for f in sampling_fields(OPENAI))
-ENDPOINT_FIELDS = {CHAT_URL: ("messages", "max_completion_tokens", "logprobs", "top_logprobs"),
-                   COMPLETIONS_URL: ("prompt", "logprobs")}
+ENDPOINT_FIELDS = {CHAT_URL: ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"),
+                   COMPLETIONS_URL: ("prompt", "logprobs", "response_format")}
 # Fields accepted only at values that change nothing (a streamed or echoed answer has no place in a batch file).
 NO_OP = {"stream": (False,), "echo": (False,), "suffix": ("",), "best_of": (1,), "stream_options": ()}
 LOGPROB_FLOOR = -9999.0     # stands for -inf, which JSON cannot hold (as vLLM writes it)
@@ -93,7 +93,9 @@ def _parse_body(body, url: str) -> tuple:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ValueError(f"model must be a string, got {json.dumps(model)}")
-    sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    sampling = {k: body[k] for k in (*SAMPLING_FIELDS, response_format.FIELD) if k in body}
+    if response_format.FIELD in sampling:
+        response_format.structured_fields(sampling[response_format.FIELD])      # its shape; the job applies it
     if url == CHAT_URL:
         messages = _messages(body.get("messages"))
         return None, messages, sampling, OpenAIEndpoint(url, model, _chat_fields(body, sampling))

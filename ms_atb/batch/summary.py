@@ -68,6 +68,9 @@ class Summary:
             "contiguity": stats.get("contiguity", 1.0),
             "allocation_contiguity": stats.get("allocation_contiguity", 1.0),
             "peak_running": stats.get("peak_running", 0),
+            "disk_cache": ({"hit_tokens": stats["disk_cache_hit_tokens"],
+                            "written_blocks": stats["disk_cache_written_blocks"]}
+                           if "disk_cache_read_blocks" in stats else None),      # None: no KV disk tier
         }
 
 
@@ -80,6 +83,7 @@ def summarize(outputs, elapsed_s: float, stats: dict) -> dict:
 
 
 def format_summary(s: dict) -> str:
+    disk = s.get("disk_cache")
     return "\n".join([
         "== ms_atb summary ==",
         f"requests            {s['requests']}  (prompt tokens {s['prompt_tokens']}, "
@@ -95,4 +99,5 @@ def format_summary(s: dict) -> str:
         f"contiguity          {s['contiguity']:.1%} of appended blocks, "
         f"{s['allocation_contiguity']:.1%} of multi-block allocations",
         f"peak running        {s['peak_running']}",
-    ])
+    ] + ([f"KV disk tier        {disk['hit_tokens']} prompt tokens read, {disk['written_blocks']} blocks written"]
+         if disk else []))

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 
 class KVRequest:
-    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "root", "max_len", "num_prompt_blocks", "homes",
-                 "homes_cap")
+    __slots__ = ("block_ids", "token_ids", "num_hashed", "last_hash", "root_chain", "extra_key", "max_len",
+                 "num_prompt_blocks", "homes", "homes_cap")
 
-    def __init__(self, token_ids: list[int], max_tokens: int | None = None, root: tuple = (None, None)):
+    def __init__(self, token_ids: list[int], max_tokens: int | None = None, root: tuple = (None, None),
+                 extra_key: str | None = None):
+        """root: the parent hash and chain of its first block (PrefixCache.root); extra_key: the request's."""
         self.block_ids: list[int] = []
         self.num_prompt_blocks = 0   # blocks of the table once allocate() placed the prompt
         self.max_len = None if max_tokens is None else len(token_ids) + max_tokens
         self.token_ids = token_ids
         self.num_hashed = 0          # leading full blocks already visited by commit / hits
-        # the hash of the last hashed block; before any, the root's: PrefixCache.root of the request's extra key
-        self.last_hash: bytes | None = root[0]
-        self.root = root[1]          # the chain a first block is registered after
+        self.last_hash: bytes | None = root[0]   # the hash of block num_hashed - 1, or the root's
+        self.root_chain = root[1]
+        self.extra_key = extra_key
         # (table position, 0 | 1, block): free blocks next to a run of this request's own blocks, 0 right after
         # the run, 1 right below it (a lazy heap: FreeRanges.home checks each entry when it surfaces)
         self.homes: list[tuple[int, int, int]] = []

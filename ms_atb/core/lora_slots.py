@@ -5,7 +5,7 @@ The Scheduler owns one (with LoRA on) and is its only caller: it acquires a requ
 request and releases it when the request leaves the running set (finished or preempted).
 
 Rules:
-  1. An adapter is known by its key (bytes: its content's digest); one adapter is in at most one slot.
+  1. An adapter is known by its key (a str naming its content: "lora:" and the sha256 of its files); one adapter is in at most one slot.
   2. A slot is given to another adapter only while no running request uses it: a request whose adapter is not
      resident and finds every slot in use waits, and is admitted once a slot is free. Nothing fails for want of
      a slot.
@@ -23,23 +23,23 @@ class LoraSlots:
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"max_loras must be an int >= 1, got {num_slots!r}")
         self.num_slots = num_slots
-        self._key_of: list[bytes | None] = [None] * num_slots     # slot -> the adapter it holds
-        self._slot_of: dict[bytes, int] = {}                       # adapter -> its slot
+        self._key_of: list[str | None] = [None] * num_slots     # slot -> the adapter it holds
+        self._slot_of: dict[str, int] = {}                       # adapter -> its slot
         self._users = [0] * num_slots                              # running requests of each slot's adapter
         # slots no running request uses, least recently used first (the empty ones, in order, to begin with)
         self._idle: OrderedDict[int, None] = OrderedDict((s, None) for s in range(num_slots))
-        self._loads: list[tuple[int, bytes]] = []
+        self._loads: list[tuple[int, str]] = []
         self.num_loads = 0
 
-    def slot_of(self, key: bytes) -> int:
+    def slot_of(self, key: str) -> int:
         """The slot of a resident adapter."""
         return self._slot_of[key]
 
-    def can_acquire(self, key: bytes) -> bool:
+    def can_acquire(self, key: str) -> bool:
         """True when the adapter is resident or a slot may take it now (rule 2)."""
         return key in self._slot_of or bool(self._idle)
 
-    def acquire(self, key: bytes) -> int:
+    def acquire(self, key: str) -> int:
         """One more running request uses the adapter: its slot, assigned now if it is not resident (rule 3)."""
         slot = self._slot_of.get(key)
         if slot is None:
@@ -56,7 +56,7 @@ class LoraSlots:
         self._users[slot] += 1
         return slot
 
-    def release(self, key: bytes) -> None:
+    def release(self, key: str) -> None:
         """A running request of the adapter left (finished or preempted)."""
         slot = self._slot_of[key]
         assert self._users[slot] > 0
@@ -64,12 +64,12 @@ class LoraSlots:
         if self._users[slot] == 0:
             self._idle[slot] = None          # most recently used: evicted last
 
-    def take_loads(self) -> list[tuple[int, bytes]]:
+    def take_loads(self) -> list[tuple[int, str]]:
         """The (slot, adapter) assignments made since the last call, in order: what the model must load."""
         loads, self._loads = self._loads, []
         return loads
 
     @property
-    def resident(self) -> dict[int, bytes]:
+    def resident(self) -> dict[int, str]:
         """{slot: adapter} of the slots that hold one."""
         return {s: k for s, k in enumerate(self._key_of) if k is not None}

@@ -8,12 +8,15 @@ without a cache lookup), and the cached blocks no request holds, least recently 
 Sharing is exact: a hash only finds candidates. A cached block is a hit only if its tokens compare
 equal and its parent chain is the one the request matched so far (the very block it matched, or a
 copy whose chain of tokens compares equal; none for a first block), so a colliding hash costs a miss,
-never another prefix's KV. The hashes are keyed with a random secret of each PrefixCache, so that
-collisions cannot be crafted offline. Pure Python, O(1) per block (a collision costs a scan of its copies).
+never another prefix's KV. The hashes are keyed with a random secret of each PrefixCache (or the key of a
+KV tier that several processes share, ms_atb/core/kv_tier.py), so that collisions cannot be crafted offline.
+Pure Python, O(1) per block (a collision costs a scan of its copies).
 
-An extra key (bytes, e.g. a LoRA adapter's identity) is the root of a request's chain: its first block's parent
-hash is the key's hash and its chain starts from the key, so blocks computed under different extra keys (or
-none) never match, by hash or by chain, even when their tokens do.
+The root of a chain. A first block's parent hash is None, unless the cache has a `root` (the identity of
+the KV bytes, mixed in when a tier outside the process keeps blocks) or the request has an extra key (what
+else its KV depends on besides its tokens, e.g. an adapter's name): then it is the keyed hash of both, and
+the extra key also heads the block's chain, so requests of different extra keys never share a block, even
+when every hash collides.
 """
 from __future__ import annotations
 
@@ -33,6 +36,12 @@ def hash_block(parent: bytes | None, token_ids, key: bytes) -> bytes:
     return hashlib.blake2b((parent or b"") + data, digest_size=16, key=key).digest()
 
 
+def root_data(root: bytes, extra_key: str | None) -> bytes:
+    """What a chain's root hashes: a tag, the cache's root and the request's extra key (None and "" differ)."""
+    extra = b"-" if extra_key is None else b"+" + extra_key.encode()
+    return b"ms_atb.root\0" + struct.pack("<I", len(root)) + root + extra
+
+
 def _same_chain(a: Chain | None, b: Chain | None) -> bool:
     while a is not b:
         if a is None or b is None or a[1] != b[1]:
@@ -42,8 +51,10 @@ def _same_chain(a: Chain | None, b: Chain | None) -> bool:
 
 
 class PrefixCache:
-    def __init__(self, num_blocks: int):
-        self._key = os.urandom(16)
+    def __init__(self, num_blocks: int, key: bytes | None = None, root: bytes = b""):
+        """key: the hashes' key (None: a random one of this cache); root: mixed into every chain's root."""
+        self._key = os.urandom(16) if key is None else bytes(key)
+        self._root = bytes(root)
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple | None] = [None] * num_blocks
         self.block_chain: list[Chain | None] = [None] * num_blocks
@@ -59,13 +70,15 @@ class PrefixCache:
         """The keyed hash of a full block whose parent block hashed to parent (None: a first block)."""
         return hash_block(parent, token_ids, self._key)
 
-    def root(self, extra_key: bytes | None) -> tuple[bytes | None, Chain | None]:
-        """The (parent hash, parent chain) of a request's first block: (None, None) without an extra key."""
-        if extra_key is None:
+    def root(self, extra_key: str | None = None) -> tuple[bytes | None, Chain | None]:
+        """The parent hash and the chain a request's first block hangs from (module docstring)."""
+        if not self._root and extra_key is None:
             return None, None
-        return hash_block(b"extra key\0" + extra_key, (), self._key), (None, ("extra key", extra_key))
+        chain = None if extra_key is None else (None, ("extra_key", extra_key))
+        return hash_block(root_data(self._root, extra_key), (), self._key), chain
 
-    def lookup(self, token_ids, block_size: int, extra_key: bytes | None = None) -> tuple[list[int], list[bytes]]:
+    def lookup(self, token_ids, block_size: int, extra_key: str | None = None
+               ) -> tuple[list[int], list[bytes]]:
         """The cached blocks of the longest run of whole leading blocks of token_ids, and their hashes.
         At least one token is left out. A copy right after the previous hit is taken first (contiguity),
         else the first copy (a live one when there is one); each is checked by its tokens and its chain."""
@@ -98,12 +111,12 @@ class PrefixCache:
         own = self.block_chain[block]
         return own[1] == chunk and _same_chain(own[0], chain)
 
-    def register(self, block: int, h: bytes, tokens, parent: int | None, root: Chain | None = None) -> None:
+    def register(self, block: int, h: bytes, tokens, parent: int | None, root_chain: Chain | None = None) -> None:
         """block holds the committed content h (tokens), after the registered block parent (None: it is
-        a request's first block, after `root`, the chain of its extra key): later lookups may find it. A block
-        keeps the first content it was registered with until it is evicted."""
+        a request's first block, hanging from root_chain): later lookups may find it. A block keeps the
+        first content it was registered with until it is evicted."""
         if self.block_hash[block] is None:
-            parent_chain = root if parent is None else self.block_chain[parent]
+            parent_chain = root_chain if parent is None else self.block_chain[parent]
             assert parent is None or parent_chain is not None, "a block is registered after its parent"
             tokens = tuple(tokens)
             self.copies.setdefault(h, {})[block] = None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
 from ms_atb.core.lora_slots import LoraSlots
+from ms_atb.core.kv_tier import KVLoad, KVStore, PrefixTier
 from ms_atb.core.prefix_order import FcfsQueue, make_queue
 from ms_atb.core.scheduler_config import ALLOCATIONS, SchedulerConfig
 from ms_atb.core.sequence import Sequence, SequenceStatus
@@ -48,7 +49,10 @@ class Step:
     query_start_loc: list[int] = field(default_factory=lambda: [0])  # [B + 1]
     sampled: list[bool] = field(default_factory=list)              # [B] does b sample a token now?
     lora_slots: list[int] = field(default_factory=list)            # [B] b's LoRA adapter slot, -1: none
-    lora_loads: list[tuple[int, bytes]] = field(default_factory=list)  # (slot, adapter) to load before the step
+    lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter) to load before the step
+    kv_loads: list[KVLoad] = field(default_factory=list)           # tier blocks to copy in before the step runs
+    kv_stores: list[KVStore] = field(default_factory=list)         # blocks it computes, to keep in the tier
+    kv_used: list[tuple[bytes, int]] = field(default_factory=list)  # (hash, depth) of its pool hits: tier recency
 
     @property
     def num_tokens(self) -> int:
@@ -59,12 +63,13 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, kv_tier: PrefixTier | None = None):
+        """kv_tier: blocks kept outside the pool (ms_atb/core/kv_tier.py), found by the prefix cache's hashes."""
         self.config = config
         num_blocks, block_size, max_model_len = config.num_blocks, config.block_size, config.max_model_len
         self.block_manager = BlockManager(
             num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching,
-            allocation="scattered" if config.allocation == "scattered" else "contiguous")
+            allocation="scattered" if config.allocation == "scattered" else "contiguous", tier=kv_tier)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -159,7 +164,7 @@ class Scheduler:
             try:
                 num_cached = self.block_manager.allocate(
                     seq.request_id, seq.token_ids, max_tokens=seq.num_remaining_tokens,
-                    cache_lookup=not seq.needs_prompt_logits, extra_key=seq.lora_key)
+                    cache_lookup=not seq.needs_prompt_logits, extra_key=seq.extra_key)
             except NoFreeBlocksError:
                 break
             self._num_slots[seq.request_id] = seq.num_tokens
@@ -176,6 +181,7 @@ class Scheduler:
         if self.lora_slots is not None:
             step.lora_loads = self.lora_slots.take_loads()
         assert step.seqs or not self.has_unfinished(), "scheduler made no progress"
+        step.kv_loads, step.kv_stores, step.kv_used = self.block_manager.take_transfers()
         self.peak_running = max(self.peak_running, len(self.running))
         self.num_steps += 1
         return step

@@ -2,8 +2,9 @@
 
 Owned by LLM. It reads the tokenizer and the vocabulary size it was given, and checks each request's size
 against the engine's limits (`limits.check`, `limits.max_output_tokens`: the Engine, which alone reads the
-scheduler's KV pool and max_model_len) and its LoRA adapter through `adapters` (ms_atb/engine/adapters.py); it owns
-the request id counter and the cache of guided-choice guides."""
+scheduler's KV pool and max_model_len; `limits.check_guide`: its StructuredOutputManager, against the tokenizer)
+and its LoRA adapter through `adapters` (ms_atb/engine/adapters.py); it owns the request id counter and the cache
+of Guides (one per distinct structured output constraint)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +13,10 @@ from typing import Union
 
 import numpy as np
 
-from ms_atb.text.guided_choice import ChoiceGuide
 from ms_atb.engine.request import Request
 from ms_atb.sampling_params import SamplingParams
+from ms_atb.structured_outputs import StructuredOutputsParams
+from ms_atb.text.grammar import Guide, make_guide
 
 _SURROGATE = re.compile("[\ud800-\udfff]")   # what a str may hold and UTF-8 cannot encode
 
@@ -30,7 +32,7 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self._next_id = 0
-        self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
+        self._guides: dict[tuple, Guide] = {}
 
     @property
     def num_built(self) -> int:
@@ -135,7 +137,7 @@ class InputProcessor:
             self._next_id += 1
         return Request(request_id, index, text, ids, params, guide, bad_words_ids, tag, lora_request, lora_key)
 
-    def _lora_key(self, lora_request) -> bytes | None:
+    def _lora_key(self, lora_request) -> str | None:
         """The adapter's key (Adapters.check), None for the base model."""
         if lora_request is None:
             return None
@@ -143,21 +145,16 @@ class InputProcessor:
             raise ValueError("this engine takes no LoRA adapters")
         return self.adapters.check(lora_request)
 
-    def _text_constraints(self, params: SamplingParams) -> tuple[ChoiceGuide | None, list[tuple[int, ...]]]:
-        """The guide of params.guided_choice and the token sequences of params.bad_words (each word as
-        encoded alone and after a space, as in vLLM)."""
-        if params.guided_choice is None and params.bad_words is None:
+    def _text_constraints(self, params: SamplingParams) -> tuple[Guide | None, list[tuple[int, ...]]]:
+        """The Guide of params.structured and the token sequences of params.bad_words (each word as encoded alone
+        and after a space, as in vLLM)."""
+        structured = params.structured
+        if structured is None and params.bad_words is None:
             return None, []
         if self.tokenizer is None:
-            raise ValueError("guided_choice and bad_words need a tokenizer; this model has none")
-        guide = None
-        if params.guided_choice is not None:      # one guide (and its cache of allowed tokens) per choice list
-            key = tuple(params.guided_choice)
-            guide = self._guides.get(key)
-            if guide is None:
-                if len(self._guides) >= 256:
-                    self._guides.clear()
-                guide = self._guides[key] = ChoiceGuide(params.guided_choice, self.tokenizer)
+            raise ValueError("structured outputs (guided_choice, ...) and bad_words need a tokenizer; this model "
+                             "has none")
+        guide = None if structured is None else self._guide(structured)
         sequences = {}
         for word in params.bad_words or ():
             for text in (word, " " + word.lstrip()):
@@ -165,6 +162,18 @@ class InputProcessor:
                 if ids:
                     sequences[ids] = None
         return guide, list(sequences)
+
+    def _guide(self, structured: StructuredOutputsParams) -> Guide:
+        """One Guide per distinct constraint, checked against the tokenizer when first made."""
+        key = structured.key
+        guide = self._guides.get(key)
+        if guide is None:
+            guide = make_guide(key, getattr(structured, structured.kind), self.tokenizer)
+            self.limits.check_guide(guide)
+            if len(self._guides) >= 256:
+                self._guides.clear()
+            self._guides[key] = guide
+        return guide
 
 
 def _is_integer(x) -> bool:

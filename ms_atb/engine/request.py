@@ -6,7 +6,7 @@ from typing import Any
 
 from ms_atb.lora_request import LoRARequest
 from ms_atb.sampling_params import SamplingParams
-from ms_atb.text.guided_choice import ChoiceGuide
+from ms_atb.text.grammar import Guide
 
 
 @dataclass
@@ -16,11 +16,11 @@ class Request:
     prompt: str | None              # None for token-id prompts
     prompt_token_ids: list[int]
     params: SamplingParams
-    guide: ChoiceGuide | None = None     # params.guided_choice over the tokenizer's vocabulary
+    guide: Guide | None = None      # params.structured over the tokenizer's vocabulary, shared by equal constraints
     bad_words_ids: list[tuple[int, ...]] = field(default_factory=list)   # token sequences never completed
     tag: Any = None                 # the caller's own data, handed back with the output (LLM.stream)
     lora_request: LoRARequest | None = None   # its adapter; None: the base model
-    lora_key: bytes | None = None             # the adapter's identity (ms_atb/engine/adapters.py)
+    lora_key: str | None = None               # the adapter's identity and its extra key (ms_atb/engine/adapters.py)
 
     @property
     def sample_ids(self) -> list[str]:

@@ -50,6 +50,12 @@ class LoraAdapter:
     lora_b: dict = field(default_factory=dict, repr=False)
 
     @property
+    def key(self) -> str:
+        """The adapter's identity (rule 5): the extra key of its requests' prefix-cache chains and of the KV disk
+        tier's files, and the slots' key."""
+        return "lora:" + self.digest.hex()
+
+    @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.lora_a.values()) + sum(b.nbytes for b in self.lora_b.values())
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ms_atb.sim.cost_model import CostModel
 from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 from ms_atb.core.sequence import Sequence
+from ms_atb.sim.kv_tier import SimTier
 
 # mode -> (Scheduler allocation, enable_prefix_caching)
 MODES = {"static": ("static", False), "paged": ("contiguous", False), "prefix": ("contiguous", True)}
@@ -90,6 +91,7 @@ class SimResult:
     prompt_tokens_computed: int  # prompt positions fed to the model, recompute included
     num_preemptions: int
     ttft: list[float] = field(default_factory=list)   # per request, arrival -> first token
+    tier_tokens_read: int = 0    # prompt tokens loaded from a KV tier instead of computed
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -101,21 +103,28 @@ def _fake_token(seq: Sequence) -> int:
 
 
 def _make_scheduler(mode: str, num_blocks: int, block_size: int, max_model_len: int,
-                    max_num_seqs: int, max_num_batched_tokens: int) -> Scheduler:
+                    max_num_seqs: int, max_num_batched_tokens: int, tier: SimTier | None = None) -> Scheduler:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
     allocation, caching = MODES[mode]
+    if tier is not None and not caching:
+        raise ValueError(f"a KV tier needs the prefix mode (its blocks are found by the prefix cache), got {mode!r}")
     return Scheduler(SchedulerConfig(num_blocks, block_size, max_model_len, max_num_seqs=max_num_seqs,
                                      max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=True,
-                                     enable_prefix_caching=caching, allocation=allocation))
+                                     enable_prefix_caching=caching, allocation=allocation), kv_tier=tier)
+
+
+def _step_seconds(cost_model: CostModel, step, tier: SimTier | None) -> float:
+    """The step's price: its compute, and the blocks it loads from the tier."""
+    return cost_model.step_cost(step).seconds + (tier.after_step(step) if tier is not None else 0.0)
 
 
 def simulate(cost_model: CostModel, requests: list[tuple[list[int], int]], mode: str,
              num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int = 256,
-             max_num_batched_tokens: int = 8192) -> SimResult:
-    """Runs the whole batch (all arriving at t = 0) to completion."""
+             max_num_batched_tokens: int = 8192, tier: SimTier | None = None) -> SimResult:
+    """Runs the whole batch (all arriving at t = 0) to completion; tier: a KV tier beside the pool (prefix mode)."""
     sched = _make_scheduler(mode, num_blocks, block_size, max_model_len, max_num_seqs,
-                            max_num_batched_tokens)
+                            max_num_batched_tokens, tier)
     bm = sched.block_manager
     seqs = [Sequence(f"r{i}", p, mt, ignore_eos=True, arrival_time=0.0)
             for i, (p, mt) in enumerate(requests)]
@@ -127,7 +136,7 @@ def simulate(cost_model: CostModel, requests: list[tuple[list[int], int]], mode:
     prompt_computed = 0
     while sched.has_unfinished():
         step = sched.schedule()
-        dt = cost_model.step_cost(step).seconds
+        dt = _step_seconds(cost_model, step, tier)
         held = waste = 0
         for seq, n, ctx, table in zip(step.seqs, step.num_scheduled_tokens, step.context_lens,
                                       step.block_tables):
@@ -165,16 +174,17 @@ def simulate(cost_model: CostModel, requests: list[tuple[list[int], int]], mode:
         utilisation=util_sum / w, pool_occupancy=occ_sum / w, saturated=saturated,
         output_tokens=sum(s.num_output_tokens for s in seqs), prompt_tokens_computed=prompt_computed,
         num_preemptions=sched.num_preemptions,
-        ttft=[s.first_token_time - s.arrival_time for s in seqs])
+        ttft=[s.first_token_time - s.arrival_time for s in seqs],
+        tier_tokens_read=bm.stats()["disk_cache_hit_tokens"])
 
 
 def ttft_one_by_one(cost_model: CostModel, requests: list[tuple[list[int], int]], mode: str,
                     num_blocks: int, block_size: int, max_model_len: int,
-                    max_num_batched_tokens: int = 8192) -> list[float]:
+                    max_num_batched_tokens: int = 8192, tier: SimTier | None = None) -> list[float]:
     """TTFT of each request submitted once the previous one has finished (its own prefill,
     no queueing); one scheduler throughout, so a prefix cache persists between requests.
     Only the first token is generated: later tokens do not change the next request's TTFT."""
-    sched = _make_scheduler(mode, num_blocks, block_size, max_model_len, 1, max_num_batched_tokens)
+    sched = _make_scheduler(mode, num_blocks, block_size, max_model_len, 1, max_num_batched_tokens, tier)
     out = []
     now = 0.0
     for i, (prompt, _) in enumerate(requests):
@@ -182,7 +192,7 @@ def ttft_one_by_one(cost_model: CostModel, requests: list[tuple[list[int], int]]
         sched.add(seq)
         while sched.has_unfinished():
             step = sched.schedule()
-            now += cost_model.step_cost(step).seconds
+            now += _step_seconds(cost_model, step, tier)
             sched.update(step, [_fake_token(s) if smp else None
                                 for s, smp in zip(step.seqs, step.sampled)], now=now)
         out.append(seq.first_token_time - seq.arrival_time)

@@ -95,28 +95,44 @@ def debug_enabled() -> bool:
     return os.environ.get("MS_ATB_DEBUG", "") not in ("", "0")
 
 
+def _tp_all_gather():
+    """(a graph-mode Cell AllGathering an int32 [K] over this replica's tensor-parallel ranks -> [world * K],
+    its group's keyword, this rank, the world size)."""
+    from mindspore import nn, ops
+    from mindspore.communication import get_group_size, get_rank
+    from ms_atb.models.parallel import tp_group
+    group = {} if tp_group() is None else {"group": tp_group()}
+
+    class _Gather(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.all_gather = ops.AllGather(**group)
+
+        def construct(self, x):  # [K] -> [world * K]
+            return self.all_gather(x)
+
+    return _Gather(), get_rank(**group), get_group_size(**group)
+
+
+def ranks_min():
+    """n -> the least n of all tensor-parallel ranks (each rank calls it at the same points): what every rank
+    can do when each decides from state of its own, such as how many blocks its shard of the disk tier holds."""
+    import mindspore as ms
+    gather = _tp_all_gather()[0]
+
+    def least(n: int) -> int:
+        return int(gather(ms.Tensor(np.array([n], np.int32))).asnumpy().min())
+    return least
+
+
 class SpmdCheck:
     """check(values, what): AllGathers a fixed-size int32 digest of `values` (one compiled graph)
     and raises AssertionError on every rank when the ranks' digests differ."""
 
     def __init__(self):
         import mindspore as ms
-        from mindspore import nn, ops
-        from mindspore.communication import get_group_size, get_rank
-        from ms_atb.models.parallel import tp_group
-        group = {} if tp_group() is None else {"group": tp_group()}
-
-        class _Gather(nn.Cell):
-            def __init__(self):
-                super().__init__()
-                self.all_gather = ops.AllGather(**group)
-
-            def construct(self, x):  # [K] -> [world * K]
-                return self.all_gather(x)
-
         self._ms = ms
-        self._gather = _Gather()
-        self.rank, self.world = get_rank(**group), get_group_size(**group)
+        self._gather, self.rank, self.world = _tp_all_gather()
         self.num_checks = 0
 
     def check(self, values, what: str = "values") -> None:

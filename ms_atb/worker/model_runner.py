@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 
 import mindspore as ms
@@ -32,6 +33,7 @@ from ms_atb.models.llama import LlamaForCausalLM, LlamaTokenLogits
 from ms_atb.models.lora import write_slot
 from ms_atb.ops.backends import resolve_backend
 from ms_atb.worker.graph_call import GraphCall
+from ms_atb.worker.kv_pool import KVPool
 
 _DTYPES = {"float32": ms.float32, "fp32": ms.float32, "float16": ms.float16, "fp16": ms.float16,
            "bfloat16": ms.bfloat16, "bf16": ms.bfloat16}
@@ -147,6 +149,9 @@ class ModelRunner:
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
                                       activation_dtype=self.activation_dtype, lora=self.lora)
+        # with a disk tier (kv_cache.disk_cache_dir), the pool's bytes are arrays of ours: blocks move in and out
+        self.kv_pool = KVPool(self.model) if config.kv_cache.disk_cache_dir else None
+        self.disk_tier = None                    # DiskTier, attached by the engine's builder
         self.model_path, self.tp_size, self.tp_rank = model_path, tp_size, tp_rank
         self.weight_cache = self._load_weights(config.context.compile_cache)
         self.compiled = set()                    # token buckets whose graph is ready
@@ -211,29 +216,38 @@ class ModelRunner:
             arrays.append(lora_slots)
         return arrays, num_seqs
 
-    def load_lora(self, slot: int, path: str, key: bytes) -> None:
+    def load_lora(self, slot: int, path: str, key: str) -> None:
         """Slot `slot` holds the adapter of directory `path` from the next step on; ValueError when its files no
         longer hold the adapter `key` names (changed since the request naming it was checked)."""
         start = time.perf_counter()
         adapter = load_adapter(path, self.model_config, self.lora[1])
-        if adapter.digest != key:
+        if adapter.key != key:
             raise ValueError(f"LoRA adapter {path!r}: its files changed since the request naming it was checked")
         write_slot(self.model, slot, adapter, self.tp_size, self.tp_rank)
         self.lora_load_seconds += time.perf_counter() - start
 
     def execute(self, step, every_token: bool = False) -> np.ndarray:
         """Logits float32 of each sequence's last scheduled token [B, vocab]; with every_token, of
-        every scheduled token [T, vocab] (its graphs compile on first use)."""
+        every scheduled token [T, vocab] (its graphs compile on first use). The step's tier transfers: its
+        loads are copied into the pool before the graph runs, the blocks it computes handed to the tier after."""
         arrays, num_seqs = self.prepare(step)
         # from_numpy shares the fresh arrays' memory (no copy, no per-element checks); nothing writes them again
         tensors = [ms.Tensor.from_numpy(a) for a in arrays]
+        loads, stores = getattr(step, "kv_loads", None), getattr(step, "kv_stores", None)   # a core Step has both
+        if loads:
+            self.disk_tier.load_into(self.kv_pool, loads)
         if every_token:
             if self.token_logits is None:
                 self.token_logits = LlamaTokenLogits(self.model)
-            return self.token_logits(*tensors).asnumpy()[:len(step.token_ids)]  # [T, V]
-        self.ensure_compiled(len(arrays[0]))
-        logits = self._graph_call()(len(arrays[0]), *tensors)  # [B_bucket, V]; prepare() padded to the bucket
-        return logits.asnumpy()[:num_seqs]
+            logits = self.token_logits(*tensors).asnumpy()[:len(step.token_ids)]  # [T, V]
+        else:
+            self.ensure_compiled(len(arrays[0]))
+            # [B_bucket, V]; prepare() padded to the bucket
+            logits = self._graph_call()(len(arrays[0]), *tensors).asnumpy()[:num_seqs]
+        used = getattr(step, "kv_used", None)
+        if stores or used:                       # the graph has run: its cache writes are in the pool
+            self.disk_tier.store_from(self.kv_pool, stores, used)
+        return logits
 
     def open_graph_cache(self, root: str | None) -> str:
         """Keeps this runner's graphs in `root` between runs (ms_atb.worker.graph_cache): each bucket is
@@ -285,6 +299,18 @@ class ModelRunner:
                 "dtype": str(self.dtype), "device": ms.get_context("device_target"),
                 "weight_formats": self.weight_formats, "activation_dtype": self.activation_dtype,
                 "tp": [self.tp_size, self.tp_rank]}
+
+    def kv_identity(self) -> bytes:
+        """16 bytes naming everything the KV bytes this runner writes depend on: the weights' parts, the cache's
+        dtype and block size, the attention kernels, ms_atb's sources and MindSpore's version (the disk tier's
+        hash root: an engine that would write other bytes finds other blocks)."""
+        from ms_atb.ops.build import kernel_library
+        from ms_atb.worker.graph_cache import cache_key
+        parts = {**self._weight_key_parts(), "kv_identity": 1, "cache_dtype": str(self.cache_dtype),
+                 "block_size": self.block_size, "attention_backend": self.attention_backend,
+                 "kernels": os.path.basename(kernel_library()),
+                 **{k: os.path.basename(v) for k, v in self._attention_library().items()}}
+        return bytes.fromhex(cache_key(parts))
 
     def graph_key_parts(self) -> dict:
         """Everything the compiled graphs depend on besides ms_atb's and MindSpore's code: the weights' parts

@@ -118,9 +118,9 @@ def apply_penalties(logits: np.ndarray, params: list[SamplingParams], histories)
 def apply_bias_and_masks(logits: np.ndarray, params: list[SamplingParams], banned=None,
                          owned: bool = False, allowed=None) -> np.ndarray:
     """logits [B, V] with each request's logit_bias added, tokens outside its allowed_token_ids or
-    outside allowed[b] (this step's choice: guided decoding) and its banned ones (banned[b]: stop tokens
-    before min_tokens, bad words' last tokens) at -inf. A ban that would leave no token at all is
-    skipped. Writes into logits only when owned (else into a copy)."""
+    outside allowed[b] (token ids, or this step's grammar mask: float32 [V], 0 where allowed and -inf elsewhere,
+    added) and its banned ones (banned[b]: stop tokens before min_tokens, bad words' last tokens) at -inf. A ban
+    that would leave no token at all is skipped. Writes into logits only when owned (else into a copy)."""
     rows = [b for b, p in enumerate(params)
             if p.logit_bias or p.allowed_token_ids is not None or (banned is not None and banned[b])
             or (allowed is not None and allowed[b] is not None)]
@@ -133,7 +133,13 @@ def apply_bias_and_masks(logits: np.ndarray, params: list[SamplingParams], banne
             ids = np.fromiter(p.logit_bias, dtype=np.int64, count=len(p.logit_bias))
             row[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32, count=len(ids))
         for ids in (p.allowed_token_ids, None if allowed is None else allowed[b]):
-            if ids is not None:
+            if ids is None:
+                continue
+            if isinstance(ids, np.ndarray) and ids.dtype == np.float32:        # [V]: 0 allowed, -inf not
+                if p.has_penalties:              # a penalty may have made a logit +inf: +inf - inf would be NaN
+                    np.minimum(row, np.finfo(np.float32).max, out=row)
+                np.add(row, ids, out=row)
+            else:
                 kept = row[ids]
                 row[:] = -np.inf
                 row[ids] = kept
@@ -190,7 +196,8 @@ class Sampler:
                allowed=None) -> list[int]:
         # logits: [B, V] float32; histories: see apply_penalties (needed only when a request has penalties);
         # banned: None, or per row None or the token ids it may not take now (stop tokens before min_tokens,
-        # bad words); allowed: None, or per row None or the only token ids it may take now (guided choice)
+        # bad words); allowed: None, or per row None or what it may take now (a structured output's grammar mask,
+        # float32 [V]: 0 allowed, -inf not)
         assert logits.ndim == 2 and logits.shape[0] == len(params) == len(generators), \
             (logits.shape, len(params), len(generators))
         given, logits = logits, apply_penalties(logits, params, histories)
