@@ -94,6 +94,19 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
     return buckets + [max_num_batched_tokens]
 
 
+def _set_device(device: str, device_id: int | None, setting: str) -> None:
+    """Graph mode on the device; ValueError naming context.device (`setting`) when this MindSpore cannot use it."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if ms.get_context("device_target") != _DEVICES[device]:
+        try:
+            # only possible before MindSpore's runtime starts
+            ms.set_device(_DEVICES[device], *(() if device_id is None else (device_id,)))
+        except RuntimeError as e:            # e.g. "npu" with a CPU-only MindSpore build
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"context.device {setting!r}: this MindSpore {ms.__version__} cannot use it "
+                             f"({reason}); 'cpu' works with every build") from None
+
+
 class ModelRunner:
     graph_call: GraphCall | None = None          # runs self.model's ready bucket graphs (see _graph_call)
 
@@ -126,15 +139,7 @@ class ModelRunner:
         self.max_num_batched_tokens = sc.max_num_batched_tokens
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size)
         self.buckets = token_buckets(sc.max_num_batched_tokens)
-        ms.set_context(mode=ms.GRAPH_MODE)
-        if ms.get_context("device_target") != _DEVICES[device]:
-            try:
-                # only possible before MindSpore's runtime starts
-                ms.set_device(_DEVICES[device], *(() if device_id is None else (device_id,)))
-            except RuntimeError as e:            # e.g. "npu" with a CPU-only MindSpore build
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ValueError(f"context.device {config.context.device!r}: this MindSpore {ms.__version__} cannot use it "
-                                 f"({reason}); 'cpu' works with every build") from None
+        _set_device(device, device_id, config.context.device)
         self.attention_backend = resolve_backend(device, config.kv_cache.attention_backend)
         if formats is None:
             formats = weight_formats(model_path, self.model_config, config.model.weight_dtype, tp_size, device,
