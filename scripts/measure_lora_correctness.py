@@ -44,8 +44,9 @@ def measure(model: str, max_loras: int, work: str) -> dict:
             for token, lp in want.items():
                 if int(token) in got:
                     worst = max(worst, abs(got[int(token)] - lp))
-                else:
+                else:       # outside our top 20: a near-tie at the 20th place when within the error of our 20th
                     missing += 1
+                    worst = max(worst, lp - min(got.values()))
     return {"model": model, "prompts": len(prompts), "identical_tokens": same, "max_logprob_error": worst,
             "top20_missing": missing, "adapter_loads": llm.stats()["lora_loads"]}
 
@@ -63,7 +64,7 @@ def main():
             r = measure(model, args.max_loras, work)
             results.append(r)
             print(f"{model:8s} greedy tokens identical {r['identical_tokens']}/{r['prompts']}  top-20 logprob max "
-                  f"error {r['max_logprob_error']:.2e}  ({r['top20_missing']} reference top-20 entries missing; "
+                  f"error {r['max_logprob_error']:.2e}  ({r['top20_missing']} reference top-20 entries outside ours; "
                   f"{r['adapter_loads']} adapter loads)", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -43,7 +43,9 @@ def check_against_peft(llm, model: str, tmp_path) -> None:
         assert out.token_ids == p["greedy_ids"], (i, p["adapter"])
         for position, (got, want) in enumerate(zip(out.logprobs, p["top_logprobs"])):
             for token, lp in want.items():
-                assert int(token) in got, (i, position, token)
+                if int(token) not in got:       # a near-tie at the 20th place: peft's 20th is within tol of ours
+                    assert lp < min(got.values()) + LOGPROB_TOL, (i, position, token, lp)
+                    continue
                 assert abs(got[int(token)] - lp) < LOGPROB_TOL, (i, position, token, got[int(token)], lp)
     assert len({tuple(p["greedy_ids"]) for p in prompts if p["adapter"]}) > 1
     assert llm.stats()["lora_loads"] > 2         # three adapters through two slots
