@@ -165,3 +165,17 @@ def test_lora_requests_need_lora_on_and_one_adapter_per_id(llm, adapters, tiny_e
         llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False, lora_request=[None, None])
     with pytest.raises(ValueError, match="lora_int_id must be an int >= 1"):
         LoRARequest("x", 0, "/tmp")
+
+
+def test_deduplication_copies_only_within_one_adapter(llm, adapters):
+    prompt = prompts(1, seed=3)[0]
+    lora = [None, adapters["wide"], adapters["rs16"], adapters["wide"]]
+    llm.reset_scheduler(policy="prefix")              # the policy that deduplicates
+    try:
+        outs = tokens(llm, [prompt] * 4, lora)
+        deduplicated = llm.stats()["num_deduplicated"]           # of the last run
+    finally:
+        llm.reset_scheduler(policy="fcfs")
+    assert outs == [tokens(llm, [prompt], r)[0] for r in lora]
+    assert outs[0] != outs[1] != outs[2] and outs[1] == outs[3]
+    assert deduplicated == 1                          # only the second "wide" request is a copy

@@ -93,7 +93,7 @@ class OutputProcessor:
         duplicates = self.duplicates_of.pop(id(request), [])
         for r in (request, *duplicates):
             self.request_ids.discard(r.request_id)
-        key = tuple(request.prompt_token_ids)
+        key = (request.lora_key, tuple(request.prompt_token_ids))
         same_prompt = [r for r in self._computed.get(key, ()) if r is not request]
         if same_prompt:
             self._computed[key] = same_prompt
