@@ -11,6 +11,7 @@ from ms_atb.formats.llama_config import LlamaConfig, rope_inv_freq, rope_tables
 from ms_atb.formats.sharding import num_kv_heads_per_rank
 from ms_atb.formats.weight_formats import EMBED
 from ms_atb.models.llama_layers import RMSNorm, LlamaDecoderLayer
+from ms_atb.models.lora import host_parameter
 from ms_atb.models.parallel import ColumnParallelLinear
 from ms_atb.ops import LastTokenNorm, quant_matmul
 from ms_atb.ops.quant_embedding import QuantEmbedding
@@ -20,16 +21,20 @@ __all__ = ["EMBED", "LlamaConfig", "LlamaForCausalLM", "LlamaTokenLogits", "rope
 
 class LlamaForCausalLM(nn.Cell):
     """construct(input_ids [T], positions [T], slot_mapping [T], block_tables [B, MAXB], context_lens [B],
-    query_start_loc [B+1]) -> logits [B, vocab] of each sequence's last scheduled token.
-    attention_backend: the KV-cache ops' backend for the device (ms_atb/attention_backends.py); None: its default."""
+    query_start_loc [B+1], lora_slots [T] (with LoRA only)) -> logits [B, vocab] of each sequence's last scheduled
+    token. attention_backend: the KV-cache ops' backend for the device (ms_atb/attention_backends.py); None: its
+    default."""
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype=ms.float32,
                  device: str = "cpu", tp_size: int = 1, tp_rank: int = 0, attention_backend: str | None = None,
-                 cache_dtype=None, weight_formats: dict | None = None, activation_dtype: str = "float32"):
+                 cache_dtype=None, weight_formats: dict | None = None, activation_dtype: str = "float32",
+                 lora: tuple[int, int] | None = None):
         """cache_dtype: the KV cache's storage dtype (ms.float32, float16, bfloat16 or int8); None: dtype.
         weight_formats: {HF weight name: quantized format} of the linears kept quantized (CPU, float32 only;
         ms_atb/formats/weight_formats.py), the others float; lm_head's under "lm_head.weight".
-        activation_dtype (model.activation_dtype): "int8" quantizes the inputs of the quantized linears."""
+        activation_dtype (model.activation_dtype): "int8" quantizes the inputs of the quantized linears.
+        lora: (max_loras, max_rank): every decoder projection takes LoRA adapters (CPU), each token's slot an input
+        of the graph and the slots' weights Parameters that models/lora.py writes; None: no adapters."""
         super().__init__()
         formats = weight_formats or {}
 
@@ -48,8 +53,11 @@ class LlamaForCausalLM(nn.Cell):
             config, dtype, device, tp_size, tp_rank, attention_backend, self.quantized,
             tuple(fmt(f"model.layers.{i}.{n}.weight") for n in ("self_attn.q_proj", "self_attn.o_proj",
                                                                   "mlp.gate_proj", "mlp.down_proj")),
-            activation_dtype)
+            activation_dtype, lora=lora)
             for i in range(config.num_hidden_layers)])
+        # each slot's rank on q, k, v, o, gate, up, down (0: no adapter there), over a host array models/lora.py writes
+        self.lora_ranks_host = None if lora is None else np.zeros((lora[0], 7), np.int32)
+        self.lora_ranks = None if lora is None else host_parameter(self.lora_ranks_host, "lora_ranks")  # [L, 7]
         self.norm = RMSNorm(h, config.rms_norm_eps, dtype, device)
         self.last_token_norm = LastTokenNorm(config.rms_norm_eps, dtype, device)
         cos, sin, perm = rope_tables(config)
@@ -93,44 +101,58 @@ class LlamaForCausalLM(nn.Cell):
         h = self.embedding(input_ids, w)  # [T, hidden] float32
         return h if self.dtype == ms.float32 else h.astype(self.dtype)
 
-    def layers_out(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+    def layers_out(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
+                   lora_slots=None):
         """The last decoder layer's MLP output and the residual [T, hidden] each (their sum is the layer's
-        output, before the final norm); writes the KV cache."""
+        output, before the final norm); writes the KV cache. lora_slots [T] int32: each token's adapter slot (-1:
+        none), with LoRA."""
         h = self.embed(input_ids)  # [T, hidden]
         cos = ops.gather(self.cos, positions, 0)  # [T, D]
         sin = ops.gather(self.sin, positions, 0)  # [T, D]
         # Tokens past query_start_loc[-1] are bucket padding: the linears skip them (zero rows).
         rows = query_start_loc[-1:]  # int32 [1]
+        lora = None if self.lora_ranks is None else (lora_slots, self.lora_ranks)
         residual = None
         for i, layer in enumerate(self.layers):
             if self.quantized:  # [NB, BS, KVH] float32 each
                 h, residual = layer(h, residual, cos, sin, self.perm, self.key_caches[i], self.value_caches[i],
                                     slot_mapping, block_tables, context_lens, query_start_loc, rows,
-                                    self.key_scale_caches[i], self.value_scale_caches[i])
+                                    self.key_scale_caches[i], self.value_scale_caches[i], lora)
             else:
                 h, residual = layer(h, residual, cos, sin, self.perm, self.key_caches[i], self.value_caches[i],
-                                    slot_mapping, block_tables, context_lens, query_start_loc, rows)
+                                    slot_mapping, block_tables, context_lens, query_start_loc, rows, None, None, lora)
         return h, residual
 
-    def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+    def hidden_states(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
+                      lora_slots=None):
         """The last decoder layer's output [T, hidden] (before the final norm); writes the KV cache."""
         h, residual = self.layers_out(input_ids, positions, slot_mapping, block_tables, context_lens,
-                                      query_start_loc)
+                                      query_start_loc, lora_slots)
         return h + residual
 
-    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
+                  lora_slots=None):
         h, residual = self.layers_out(input_ids, positions, slot_mapping, block_tables, context_lens,
-                                      query_start_loc)  # [T, hidden] each
+                                      query_start_loc, lora_slots)  # [T, hidden] each
         # Each sequence's last token, normed [B, hidden]; real sequences come first and own >= 1 token,
         # padded ones own none: lm_head skips them (seqs int32 [1]: the real ones).
         h, seqs = self.last_token_norm(h, residual, query_start_loc, self.norm.weight)
         return self.lm_head(h, seqs).astype(ms.float32)  # [B, V], padded sequences' rows zero
 
     def weight_parameters(self) -> dict:
-        """{name: Parameter} of everything but the KV pool: what load_weights fills and the RoPE tables."""
+        """{name: Parameter} of everything but the KV pool and the LoRA slots: what load_weights fills and the RoPE
+        tables."""
         pool = {id(p) for caches in (self.key_caches, self.value_caches, self.key_scale_caches,
                                      self.value_scale_caches) if caches is not None for p in caches}
+        pool.update(id(p) for p in self.lora_parameters())
         return {p.name: p for p in self.get_parameters() if id(p) not in pool}
+
+    def lora_parameters(self) -> list:
+        """The LoRA slots' Parameters (none without LoRA): the ranks, each linear's stacked A and B."""
+        if self.lora_ranks is None:
+            return []
+        return [self.lora_ranks] + [p for layer in self.layers for linear in layer.lora_linears()
+                                    for p in (linear.lora_a, linear.lora_b)]
 
     def _weight_targets(self) -> dict:
         """HF name -> (Parameter, or the linear it is a slice of; column offset in that linear or None for
@@ -255,8 +277,9 @@ class LlamaTokenLogits(nn.Cell):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc):
+    def construct(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
+                  lora_slots=None):
         m = self.model
         h = m.norm(m.hidden_states(input_ids, positions, slot_mapping, block_tables, context_lens,
-                                   query_start_loc))  # [T, hidden]
+                                   query_start_loc, lora_slots))  # [T, hidden]
         return m.lm_head(h, query_start_loc[-1:]).astype(ms.float32)  # [T, V]

@@ -5,6 +5,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.peft_adapter import TARGETS
 from ms_atb.formats.sharding import num_heads_per_rank, num_kv_heads_per_rank
 from ms_atb.models.parallel import ColumnParallelLinear, RowParallelLinear
 from ms_atb.ops import (AddRmsNorm, CachedAttention, DecoderLayer, PagedAttention, ReshapeAndCache, RmsNorm,
@@ -62,9 +63,10 @@ class LlamaAttention(nn.Cell):
                                        backend=attention_backend, quantized=quantized)
 
     def construct(self, x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
+                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None, lora=None):
+        """lora: (slots [T] int32, ranks [L, 7] int32) when the layer takes LoRA adapters (enable_lora)."""
         t = x.shape[0]
-        qkv = self.qkv_proj(x, rows)  # [T, q + 2 kv]
+        qkv = self.qkv_proj(x, rows, lora)  # [T, q + 2 kv]
         if self.has_bias:
             qkv = qkv + self.qkv_bias
         if self.has_qk_norm:
@@ -75,7 +77,7 @@ class LlamaAttention(nn.Cell):
         if self.fused:
             o = self.cached_attn(qkv, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables, context_lens,
                                  query_start_loc, key_scale_cache, value_scale_cache)  # [T, q]
-            return self.o_proj(o, rows)
+            return self.o_proj(o, rows, lora)
         qkv = self.rope(qkv, cos, sin, perm)  # [T, q + 2 kv], q and k rotated
         q, k, v = ops.split(qkv, (self.q_size, self.kv_size, self.kv_size), -1)
         q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
@@ -86,7 +88,7 @@ class LlamaAttention(nn.Cell):
         q = ops.depend(q, written)
         o = self.attn(q, key_cache, value_cache, block_tables, context_lens, query_start_loc, key_scale_cache,
                       value_scale_cache)  # [T, H, D]
-        return self.o_proj(o.reshape(t, self.q_size), rows)
+        return self.o_proj(o.reshape(t, self.q_size), rows, lora)
 
 
 class LlamaMLP(nn.Cell):
@@ -101,23 +103,31 @@ class LlamaMLP(nn.Cell):
                                            formats[1], activations)
         self.swiglu = SwiGlu(dtype, device)
 
-    def construct(self, x, rows):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
-        gate_up = self.gate_up_proj(x, rows)  # [T, 2 I/tp]
-        return self.down_proj(self.swiglu(gate_up), rows)  # swiglu: [T, I/tp]
+    def construct(self, x, rows, lora=None):  # [T, hidden]; rows int32 [1]: real (unpadded) tokens
+        gate_up = self.gate_up_proj(x, rows, lora)  # [T, 2 I/tp]
+        return self.down_proj(self.swiglu(gate_up), rows, lora)  # swiglu: [T, I/tp]
+
+
+def _target(name: str) -> int:
+    """A projection's column in the LoRA ranks (ops/lora.py's target numbering: PEFT's target order)."""
+    return TARGETS.index(name)
 
 
 class LlamaDecoderLayer(nn.Cell):
     def __init__(self, config: LlamaConfig, dtype, device, tp_size, tp_rank, attention_backend=None,
-                 quantized=False, formats=("float32",) * 4, activations="float32", one_op=True):
+                 quantized=False, formats=("float32",) * 4, activations="float32", one_op=True, lora=None):
         """formats: the weight formats of (qkv_proj, o_proj, gate_up_proj, down_proj); activations: their
         quantized inputs' dtype (model.activation_dtype). one_op: the layer runs as one DecoderLayer op where
-        it can (below); False keeps one op per part (for comparing the two)."""
+        it can (below); False keeps one op per part (for comparing the two). lora: (max_loras, max_rank) to take
+        LoRA adapters on every projection (models/lora.py fills them), or None."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(config, dtype, device, tp_size, tp_rank, attention_backend, quantized,
                                         formats[:2], activations)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device, tp_size, tp_rank, formats[2:], activations)
+        if lora is not None:
+            self._enable_lora(*lora)
         # On the CPU fused path (our float32 kernels, cpu attention) each of the layer's 8 kernels costs a
         # MindSpore dispatch (~30-45 us) whatever its size: one op calls them all. Not with tensor parallelism
         # (an AllReduce sits between the parts), nor with a qkv bias or qk-norm (ops between the kernels).
@@ -126,24 +136,46 @@ class LlamaDecoderLayer(nn.Cell):
         if self.one_op:
             linears = (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
             self.layer = DecoderLayer(config.rms_norm_eps, attn.head_dim ** -0.5, tuple(x.fmt for x in linears),
-                                      tuple(x.out_features for x in linears), activations, quantized)
+                                      tuple(x.out_features for x in linears), activations, quantized,
+                                      lora is not None)
+
+    def _enable_lora(self, max_loras: int, max_rank: int) -> None:
+        """Each projection's LoRA slots; the segments name the ranks' columns (the one-op layer's order too)."""
+        attn, mlp = self.self_attn, self.mlp
+        attn.qkv_proj.enable_lora(max_loras, max_rank, ((_target("q_proj"), attn.q_size),
+                                                        (_target("k_proj"), attn.kv_size),
+                                                        (_target("v_proj"), attn.kv_size)))
+        attn.o_proj.enable_lora(max_loras, max_rank, ((_target("o_proj"), attn.o_proj.out_features),))
+        mlp.gate_up_proj.enable_lora(max_loras, max_rank, ((_target("gate_proj"), mlp.inter),
+                                                           (_target("up_proj"), mlp.inter)))
+        mlp.down_proj.enable_lora(max_loras, max_rank, ((_target("down_proj"), mlp.down_proj.out_features),))
+
+    def lora_linears(self) -> tuple:
+        """The four linears in the one-op layer's order: qkv, o, gate_up, down."""
+        return self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj
 
     def construct(self, h, residual, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables,
-                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None):
+                  context_lens, query_start_loc, rows, key_scale_cache=None, value_scale_cache=None, lora=None):
         """h [T, hidden]: the previous layer's MLP output, or the embeddings with residual None; residual
         [T, hidden]: the running sum before h. Returns (MLP output, residual): the layer's output is their
-        sum, added by the next layer's first norm (one op with it)."""
+        sum, added by the next layer's first norm (one op with it). lora: (slots [T] int32, ranks [L, 7] int32)
+        with LoRA adapters, else None."""
         if self.one_op:
             attn, mlp = self.self_attn, self.mlp
+            adapters = None
+            if lora is not None:
+                qkv, o, gate_up, down = self.lora_linears()
+                adapters = lora + (qkv.lora_a, qkv.lora_b, o.lora_a, o.lora_b, gate_up.lora_a, gate_up.lora_b,
+                                   down.lora_a, down.lora_b)
             return self.layer(h, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight,
                               attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
                               cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables, context_lens,
-                              query_start_loc, rows, key_scale_cache, value_scale_cache)
+                              query_start_loc, rows, key_scale_cache, value_scale_cache, adapters)
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
             residual, x = self.input_layernorm(h, residual)
         a = self.self_attn(x, cos, sin, perm, key_cache, value_cache, slot_mapping, block_tables, context_lens,
-                           query_start_loc, rows, key_scale_cache, value_scale_cache)  # [T, hidden]
+                           query_start_loc, rows, key_scale_cache, value_scale_cache, lora)  # [T, hidden]
         residual, x = self.post_attention_layernorm(a, residual)
-        return self.mlp(x, rows), residual
+        return self.mlp(x, rows, lora), residual

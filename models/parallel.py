@@ -11,8 +11,10 @@ import mindspore as ms
 from mindspore.common.initializer import initializer
 from mindspore import nn, ops
 
-from ms_atb.ops import PackedMatMul, QuantMatMul, pack_weight, packed_shape
+from ms_atb.ops import LoraAdd, PackedMatMul, QuantMatMul, pack_weight, packed_shape
 from ms_atb.ops import quant_matmul
+from ms_atb.ops.lora import lora_shapes
+from ms_atb.models.lora import host_parameter
 
 
 _tp_group: str | None = None       # None: MindSpore's world group
@@ -59,6 +61,22 @@ class _Linear(nn.Cell):
         self.weight = ms.Parameter(initializer("zeros", shape, wtype), name="weight")
         self.packed_matmul = PackedMatMul(out_features) if self.packed else None
         self.quant_matmul = QuantMatMul(fmt, out_features, self.activations) if self.quantized else None
+        self.lora_add = self.lora_a = self.lora_b = None
+
+    def enable_lora(self, max_loras: int, max_rank: int, segments) -> None:
+        """Room for max_loras adapters of rank <= max_rank (CPU only): lora_a [L, S R, in] and lora_b [L, R, out]
+        float32 Parameters over host arrays (lora_a_host, lora_b_host) that models/lora.py writes a slot into
+        between steps; zeros (no delta) until then. segments: (target, width) per output segment (ops/lora.py)."""
+        assert self.quantized or self.packed, "LoRA runs on the CPU (the engine checks enable_lora)"
+        self.lora_segments = tuple((int(t), int(w)) for t, w in segments)
+        self.lora_add = LoraAdd(self.lora_segments)
+        assert self.lora_add.width == self.out_features, "the segments cover the linear's output"
+        shape_a, shape_b = lora_shapes(max_loras, max_rank, self.in_features, [w for _, w in segments])
+        self.lora_a_host = np.zeros(shape_a, np.float32)
+        self.lora_b_host = np.zeros(shape_b, np.float32)
+        # the Parameters read the host arrays' memory: a slot written there is what the graphs use
+        self.lora_a = host_parameter(self.lora_a_host, "lora_a")      # [L, S R, in]
+        self.lora_b = host_parameter(self.lora_b_host, "lora_b")      # [L, R, out]
 
     def set_weight(self, w: np.ndarray) -> None:
         """w [in, out] (float32 or castable)."""
@@ -95,7 +113,9 @@ class _Linear(nn.Cell):
         packed = packed.view(np.uint8) if self.wtype == ms.uint8 else packed
         return ms.Tensor(packed, self.wtype) if copy else ms.Tensor.from_numpy(packed)
 
-    def matmul(self, x, rows=None):  # [T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all)
+    def matmul(self, x, rows=None, lora=None):
+        """[T, in] -> [T, out]; rows: int32 [1] real rows of x, or None (all); lora: (slots [T] int32, ranks
+        [L, 7] int32) with enable_lora: each row's adapter delta added."""
         if not (self.quantized or self.packed):
             return ops.matmul(x, self.weight)
         half = self.dtype != ms.float32
@@ -104,6 +124,8 @@ class _Linear(nn.Cell):
             y = self.quant_matmul(x32, self.weight, rows)
         else:
             y = self.packed_matmul(x32, self.weight, rows)
+        if self.lora_add is not None and lora is not None:
+            y = self.lora_add(y, x32, lora[0], self.lora_a, self.lora_b, lora[1])
         return y.astype(self.dtype) if half else y
 
 
@@ -117,8 +139,8 @@ class ColumnParallelLinear(_Linear):
         super().__init__(in_features, sum(out_sizes), dtype, device, fmt, activations)
         self.out_sizes = out_sizes
 
-    def construct(self, x, rows=None):  # [T, in] -> [T, out_local]
-        return self.matmul(x, rows)
+    def construct(self, x, rows=None, lora=None):  # [T, in] -> [T, out_local]
+        return self.matmul(x, rows, lora)
 
 
 class RowParallelLinear(_Linear):
@@ -133,8 +155,8 @@ class RowParallelLinear(_Linear):
         # MindSpore's CPU collectives sum float32 only; on Ascend reduce in the model's dtype.
         self.reduce_in_fp32 = ms.get_context("device_target") == "CPU"
 
-    def construct(self, x, rows=None):  # [T, in_local] -> [T, out]
-        y = self.matmul(x, rows)
+    def construct(self, x, rows=None, lora=None):  # [T, in_local] -> [T, out]
+        y = self.matmul(x, rows, lora)  # a LoRA delta of this rank's input rows: a part of the sum, as y is
         if self.tp_size > 1:
             if self.reduce_in_fp32:
                 y = self.all_reduce(y.astype(ms.float32)).astype(x.dtype)

@@ -1,7 +1,8 @@
 """ms_atb: a MindSpore-native LLM inference engine built around a paged KV cache."""
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "BeamSearchParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "BeamSearchParams",
+           "LoRARequest"]
 
 
 def __getattr__(name):
@@ -12,6 +13,9 @@ def __getattr__(name):
     if name == "SamplingParams":
         from ms_atb.sampling_params import SamplingParams
         return SamplingParams
+    if name == "LoRARequest":
+        from ms_atb.lora_request import LoRARequest
+        return LoRARequest
     if name == "StructuredOutputsParams":
         from ms_atb.structured_outputs import StructuredOutputsParams
         return StructuredOutputsParams

@@ -146,6 +146,21 @@ class ParallelSection:
 
 
 @dataclass
+class LoraSection:
+    """LoRA adapters from PEFT directories, chosen per request; many run in one batch (docs/usage.md, "LoRA")."""
+    enable_lora: bool = _leaf(
+        False, "Take LoRA adapters (`LoRARequest`, ms-atb-generate's `--lora`). CPU only. Off: a request naming an "
+               "adapter is refused.")
+    max_loras: int = _leaf(
+        4, "Adapters resident at once (the model's slots; the memory check counts them). A request whose adapter is "
+           "not resident waits for a slot no running request uses, and the least recently used adapter there is "
+           "replaced.")
+    max_lora_rank: int = _leaf(
+        16, "The largest adapter rank taken; an adapter of a higher rank is refused. Each slot holds this rank's "
+            "room on every projection.")
+
+
+@dataclass
 class ContextSection:
     """The device, the engine's seed and the caches of compiled graphs."""
     device: str = _leaf(
@@ -185,6 +200,7 @@ class EngineConfig:
     kv_cache: KVCacheSection = field(default_factory=KVCacheSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
+    lora: LoraSection = field(default_factory=LoraSection)
     context: ContextSection = field(default_factory=ContextSection)
     sampling: SamplingSection = field(default_factory=SamplingSection)
 
@@ -276,9 +292,14 @@ class EngineConfig:
                             ("scheduler.max_num_seqs", sc.max_num_seqs),
                             ("scheduler.max_num_batched_tokens", sc.max_num_batched_tokens),
                             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size),
-                            ("parallel.data_parallel_size", self.parallel.data_parallel_size)):
+                            ("parallel.data_parallel_size", self.parallel.data_parallel_size),
+                            ("lora.max_loras", self.lora.max_loras),
+                            ("lora.max_lora_rank", self.lora.max_lora_rank)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.lora.enable_lora and kind != "cpu":
+            raise ValueError(f"lora.enable_lora runs on the CPU only (context.device 'cpu'), got context.device "
+                             f"{self.context.device!r}")
         if kv.num_blocks != "auto" and (not isinstance(kv.num_blocks, int) or kv.num_blocks < 1):
             raise ValueError(f"kv_cache.num_blocks must be an integer >= 1 or 'auto', got {kv.num_blocks!r}")
         cache = self.context.compile_cache not in (None, "auto") and os.path.expanduser(self.context.compile_cache)
@@ -300,7 +321,8 @@ class EngineConfig:
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
 _SECTION_CLASSES = {"model": ModelSection, "kv_cache": KVCacheSection, "scheduler": SchedulerSection,
-                    "parallel": ParallelSection, "context": ContextSection, "sampling": SamplingSection}
+                    "parallel": ParallelSection, "lora": LoraSection, "context": ContextSection,
+                    "sampling": SamplingSection}
 _LEAVES = {f.name: section for section, klass in _SECTION_CLASSES.items()
            for f in dataclasses.fields(klass)}
 assert len(_LEAVES) == sum(len(dataclasses.fields(k)) for k in _SECTION_CLASSES.values()), \

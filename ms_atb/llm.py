@@ -13,6 +13,7 @@ from ms_atb.config import (DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, par
                            resolve_cache_dtype)
 from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import Scheduler, SchedulerConfig
+from ms_atb.engine.adapters import Adapters
 from ms_atb.engine.engine import Engine
 from ms_atb.engine.input_processor import InputProcessor, Prompt
 from ms_atb.engine.output_processor import OutputProcessor
@@ -87,10 +88,12 @@ class LLM:
         sc = cfg.scheduler
         self._built_limits = {"num_blocks": self.num_blocks, "max_num_seqs": sc.max_num_seqs,
                               "max_num_batched_tokens": sc.max_num_batched_tokens}
+        self.adapters = Adapters(self.model_config, cfg.lora.max_lora_rank if cfg.lora.enable_lora else None)
         self.engine = Engine(self.new_scheduler, spmd_sampler(Sampler(), tp),
-                             StructuredOutputManager(self.tokenizer) if self.tokenizer is not None else None)
+                             StructuredOutputManager(self.tokenizer) if self.tokenizer is not None else None,
+                             self.adapters)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len,
-                                              self.engine)
+                                              self.engine, self.adapters)
         self._run_stats: dict = {}
         self._iterating = False                  # a generate_iter() is open
         self.build_seconds = 0.0
@@ -150,9 +153,14 @@ class LLM:
                              f"{free / 2**30:.1f} GiB of memory available; lower kv_cache.num_blocks or "
                              f"kv_cache.memory_budget")
         half = cfg.model.dtype in ("float16", "bfloat16")     # the CPU's linears are float32 panels either way
-        weights = memory_budget.weight_bytes(self.model_config, cfg.parallel.tensor_parallel_size,
-                                             2 if half else 4, packed=True, formats=self.weight_formats)
-        memory_budget.check_fits(weights, kv, free, f"the model {cfg.model.path!r} with {self.num_blocks} KV blocks")
+        tp = cfg.parallel.tensor_parallel_size
+        weights = memory_budget.weight_bytes(self.model_config, tp, 2 if half else 4, packed=True,
+                                             formats=self.weight_formats)
+        what = f"the model {cfg.model.path!r} with {self.num_blocks} KV blocks"
+        if cfg.lora.enable_lora:      # the resident adapters' slots, held from the build on
+            weights += memory_budget.lora_bytes(self.model_config, tp, cfg.lora.max_loras, cfg.lora.max_lora_rank)
+            what += f" and {cfg.lora.max_loras} LoRA slots of rank {cfg.lora.max_lora_rank}"
+        memory_budget.check_fits(weights, kv, free, what)
 
     def build(self) -> None:
         """Builds the model runner and compiles (or loads) its graphs; a second call does nothing."""
@@ -208,20 +216,22 @@ class LLM:
 
     def generate(self, prompts: Union[Prompt, Seq[Prompt]],
                  sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Returns one RequestOutput per prompt, in input order."""
-        return self._run(self.make_requests(prompts, sampling_params), use_tqdm)
+                 use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
+        """Returns one RequestOutput per prompt, in input order. lora_request: a LoRARequest for every prompt, one
+        (or None: the base model) per prompt, or None (engines built with enable_lora=True)."""
+        return self._run(self.make_requests(prompts, sampling_params, lora_request=lora_request), use_tqdm)
 
-    def make_requests(self, prompts, sampling_params=None, add_special_tokens: bool = True) -> list[Request]:
+    def make_requests(self, prompts, sampling_params=None, add_special_tokens: bool = True,
+                      lora_request=None) -> list[Request]:
         """Validated Requests for generate_iter(); ValueError naming the first bad prompt's index."""
         return self.input_processor.build_all(prompts, sampling_params, self.default_sampling_params(),
-                                              add_special_tokens)
+                                              add_special_tokens, lora_request)
 
     def make_request(self, prompt: Prompt, params: SamplingParams, index: int, request_id: str | None = None,
-                     add_special_tokens: bool = True, tag=None) -> Request:
+                     add_special_tokens: bool = True, tag=None, lora_request=None) -> Request:
         """One validated Request; ValueError naming its index. tag: the caller's own data, handed back with the
-        request by stream()."""
-        return self.input_processor.build(prompt, params, index, request_id, add_special_tokens, tag)
+        request by stream(); lora_request: its LoRARequest, None for the base model."""
+        return self.input_processor.build(prompt, params, index, request_id, add_special_tokens, tag, lora_request)
 
     def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
         outputs: list[RequestOutput | None] = [None] * len(requests)
@@ -329,8 +339,8 @@ class LLM:
         return ids
 
     def chat(self, conversations, sampling_params=None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """conversations: one list of {"role", "content"} messages, or a list of them."""
+             add_generation_prompt: bool = True, lora_request=None) -> list[RequestOutput]:
+        """conversations: one list of {"role", "content"} messages, or a list of them; lora_request as generate()'s."""
         if not isinstance(conversations, (list, tuple)) or not conversations:
             raise ValueError("chat() takes a conversation (a non-empty list of messages) or a list of them")
         if isinstance(conversations[0], dict):
@@ -338,7 +348,7 @@ class LLM:
         prompts = [self.apply_chat_template(c, add_generation_prompt, index=i)
                    for i, c in enumerate(conversations)]
         # The template writes the special tokens (BOS included) itself.
-        requests = self.make_requests(prompts, sampling_params, add_special_tokens=False)
+        requests = self.make_requests(prompts, sampling_params, add_special_tokens=False, lora_request=lora_request)
         return self._run(requests, use_tqdm)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, index: int = 0) -> str:
@@ -377,6 +387,9 @@ class LLM:
             "disk_cache_hit_tokens": s.get("disk_cache_hit_tokens", 0),
             "disk_cache_written_blocks": 0,
         }
+        if "num_lora_loads" in s:               # LoRA on: adapters written into slots, and the time it took
+            out["lora_loads"] = s["num_lora_loads"]
+            out["lora_load_s"] = self.runner.lora_load_seconds if self.runner is not None else 0.0
         if self.disk_tier is not None:
             out.update(self.disk_tier.stats())
         out.update(tokens_per_s=0.0, num_output_tokens=0, elapsed_s=0.0, num_deduplicated=0)   # before any run
@@ -404,7 +417,8 @@ class LLM:
             num_blocks=self.num_blocks, block_size=kv.block_size, max_model_len=self.max_model_len,
             max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
             enable_chunked_prefill=sc.enable_chunked_prefill, enable_prefix_caching=kv.enable_prefix_caching,
-            allocation=kv.allocation), kv_tier=self.disk_tier)
+            allocation=kv.allocation, max_loras=self.config.lora.max_loras if self.config.lora.enable_lora else 0),
+            kv_tier=self.disk_tier)
         scheduler.set_policy(self.policy)
         return scheduler
 

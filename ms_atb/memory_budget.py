@@ -64,6 +64,21 @@ def weight_bytes(config, tp_size: int, itemsize: int, packed: bool, formats: dic
             + linear(h, c.vocab_size, "lm_head.weight"))
 
 
+def lora_bytes(config, tp_size: int, max_loras: int, max_rank: int) -> int:
+    """Bytes of the LoRA slots on one rank (models/parallel.py's enable_lora, ops/lora.py's shapes): per layer and
+    slot, each linear's A [S R, in] and B [R, out] in float32, split as the linear is (q/k/v and gate/up: the whole
+    in, this rank's out; o and down: this rank's in, the whole out), and the ranks [slots, 7] int32."""
+    c = config
+    h, d = c.hidden_size, c.head_dim
+    q, kv = c.num_attention_heads // tp_size * d, max(1, c.num_key_value_heads // tp_size) * d
+    inter = c.intermediate_size // tp_size
+    floats = max_rank * ((3 * h + q + 2 * kv)          # q/k/v: A [3 R, h], B [R, q + 2 kv]
+                         + (q + h)                     # o: A [R, q], B [R, h]
+                         + (2 * h + 2 * inter)         # gate/up: A [2 R, h], B [R, 2 inter]
+                         + (inter + h))                # down: A [R, inter], B [R, h]
+    return max_loras * (c.num_hidden_layers * floats * 4 + 7 * 4)
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="ascii") as f:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -68,6 +69,7 @@ class RequestOutput:
     # With SamplingParams(prompt_logprobs=N): one entry per prompt token, None for the first (nothing
     # predicts it), else {token id: log-probability} of that token and the N most likely there.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    lora_request: Any = None               # the LoRARequest it ran with; None: the base model
 
     def __post_init__(self):
         if not self.outputs:

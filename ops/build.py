@@ -22,7 +22,7 @@ from ms_atb.ops import trusted_cache
 from ms_atb.ops.trusted_cache import private_dir, read_checked, read_file, record_digest, sweep_dead_temps
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("cached_attention.cc", "decoder_layer.cc", "elementwise.cc", "matmul.cc", "paged_attention.cc",
+SOURCES = ("cached_attention.cc", "decoder_layer.cc", "elementwise.cc", "lora.cc", "matmul.cc", "paged_attention.cc",
            "quant_embedding.cc", "quant_matmul.cc", "quant_pack.cc", "reshape_and_cache.cc")
 HEADERS = ("attention_rows.h", "dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h", "paged_attention_tiled.h",
            "quant_dot.h", "quant_gemv.h", "quant_layout.h", "rope_row.h", "thread_pool.h")

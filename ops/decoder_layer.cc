@@ -27,6 +27,7 @@ extern "C" {
 int AddRmsNorm(int, void **, int *, int64_t **, const char **, void *, void *);
 int RmsNorm(int, void **, int *, int64_t **, const char **, void *, void *);
 int SwiGlu(int, void **, int *, int64_t **, const char **, void *, void *);
+int LoraAdd(int, void **, int *, int64_t **, const char **, void *, void *);
 int CachedAttention(int, void **, int *, int64_t **, const char **, void *, void *);
 int CachedAttentionQuant(int, void **, int *, int64_t **, const char **, void *, void *);
 int PackedMatMulRows(int, void **, int *, int64_t **, const char **, void *, void *);
@@ -90,15 +91,18 @@ void Compact(const float *full, int64_t T, int64_t padded, int64_t width, float 
   for (int64_t t = 0; t < T; ++t) std::memmove(y + t * width, full + t * padded, width * sizeof(float));
 }
 
-int Layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool first, bool quant) {
+constexpr int kLoraInputs = 10;  // lora_slots, lora_ranks, then (lora_a, lora_b) of qkv, o, gate_up, down
+
+int Layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool first, bool quant,
+          bool lora) {
   // Profiled as a whole and, inside, as its parts under their own names: its time is theirs plus the glue.
   ms_atb::KernelScope profile_scope("DecoderLayer");
-  const int inputs = 20 + (first ? 0 : 1) + (quant ? 2 : 0);
-  if (nparam != inputs + 2) return Fail("wrong number of inputs for this variant (first layer, int8 caches)");
+  const int inputs = 20 + (first ? 0 : 1) + (quant ? 2 : 0) + (lora ? kLoraInputs : 0);
+  if (nparam != inputs + 2) return Fail("wrong number of inputs for this variant (first layer, int8 caches, LoRA)");
   // Indices of the inputs after h (and residual), in the order above.
   const int o = first ? 1 : 2;
   const int kInNorm = o, kPostNorm = o + 1, kEps = o + 2, kW = o + 3, kPlan = o + 7, kCos = o + 8;
-  const int kKeyCache = kCos + 3, kRows = kCos + 10, kScales = kCos + 11;
+  const int kKeyCache = kCos + 3, kRows = kCos + 10, kScales = kCos + 11, kLora = kScales + (quant ? 2 : 0);
   const int kMlpOut = nparam - 2, kResOut = nparam - 1;
   if (ndims[0] != 2 || ndims[kKeyCache] != 4 || ndims[kPlan] != 1 || shapes[kPlan][0] != 8 ||
       std::strcmp(dtypes[kPlan], "int32") != 0)
@@ -133,6 +137,31 @@ int Layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **
   Arg rows{params[kRows], 1, shapes[kRows], dtypes[kRows]};
   Arg eps{params[kEps], 1, shapes[kEps], dtypes[kEps]};
 
+  // With LoRA: y [T, width] += each row's adapter delta of linear i (input x [T, K]), in place. The segments
+  // name lora_ranks' columns: q, k, v (0-2), o (3), gate, up (4, 5), down (6).
+  auto adapt = [&](int i, float *in, int64_t K, float *y) {
+    if (!lora) return 0;
+    const int64_t kv = KVH * D, inter = width[2] / 2;
+    const int64_t seg_widths[4][3] = {{width[0] - 2 * kv, kv, kv}, {width[1], 0, 0}, {inter, inter, 0},
+                                      {width[3], 0, 0}};
+    const int first_target[4] = {0, 3, 4, 6}, num_segments[4] = {3, 1, 2, 1};
+    int32_t seg[6];
+    for (int g = 0; g < num_segments[i]; ++g) {
+      seg[2 * g] = first_target[i] + g;
+      seg[2 * g + 1] = static_cast<int32_t>(seg_widths[i][g]);
+    }
+    int64_t x_shape[2] = {T, K}, y_shape[2] = {T, width[i]}, seg_shape[2] = {num_segments[i], 2};
+    const int ia = kLora + 2 + 2 * i, ib = ia + 1;
+    return Run(LoraAdd, {{y, 2, y_shape, f32},
+                         {in, 2, x_shape, f32},
+                         {params[kLora], ndims[kLora], shapes[kLora], dtypes[kLora]},
+                         {params[ia], ndims[ia], shapes[ia], dtypes[ia]},
+                         {params[ib], ndims[ib], shapes[ib], dtypes[ib]},
+                         {params[kLora + 1], ndims[kLora + 1], shapes[kLora + 1], dtypes[kLora + 1]},
+                         {seg, 2, seg_shape, "int32"},
+                         {y, 2, y_shape, f32}});
+  };
+
   // A linear: y [T, width] from x [T, K]; through `full` [T, 16 P] when width is not whole panels.
   auto linear = [&](int i, float *in, int64_t K, std::vector<float> &full, float *y) {
     int64_t x_shape[2] = {T, K}, y_shape[2] = {T, shapes[kW + i][0] * kPanel};
@@ -142,7 +171,7 @@ int Layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **
                                                 rows,
                                                 {out, 2, y_shape, f32}});
     if (status == 0 && out != y) Compact(out, T, y_shape[1], width[i], y);
-    return status;
+    return status == 0 ? adapt(i, in, K, y) : status;
   };
 
   int status;
@@ -186,14 +215,18 @@ int Layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **
 
 }  // namespace
 
-#define MS_ATB_DECODER_LAYER(NAME, FIRST, QUANT)                                                          \
+#define MS_ATB_DECODER_LAYER(NAME, FIRST, QUANT, LORA)                                                    \
   extern "C" int NAME(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,       \
                       void *stream, void *extra) {                                                        \
-    return Layer(nparam, params, ndims, shapes, dtypes, FIRST, QUANT);                                    \
+    return Layer(nparam, params, ndims, shapes, dtypes, FIRST, QUANT, LORA);                              \
   }
 
-MS_ATB_DECODER_LAYER(DecoderLayer, false, false)
-MS_ATB_DECODER_LAYER(DecoderLayerQuant, false, true)
-MS_ATB_DECODER_LAYER(DecoderLayerFirst, true, false)
-MS_ATB_DECODER_LAYER(DecoderLayerFirstQuant, true, true)
+MS_ATB_DECODER_LAYER(DecoderLayer, false, false, false)
+MS_ATB_DECODER_LAYER(DecoderLayerQuant, false, true, false)
+MS_ATB_DECODER_LAYER(DecoderLayerFirst, true, false, false)
+MS_ATB_DECODER_LAYER(DecoderLayerFirstQuant, true, true, false)
+MS_ATB_DECODER_LAYER(DecoderLayerLora, false, false, true)
+MS_ATB_DECODER_LAYER(DecoderLayerQuantLora, false, true, true)
+MS_ATB_DECODER_LAYER(DecoderLayerFirstLora, true, false, true)
+MS_ATB_DECODER_LAYER(DecoderLayerFirstQuantLora, true, true, true)
 #undef MS_ATB_DECODER_LAYER

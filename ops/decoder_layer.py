@@ -20,6 +20,8 @@ _INPUTS = ("input_norm", "post_norm", "eps", "w_qkv", "w_o", "w_gate_up", "w_dow
            "key_cache", "value_cache", "slot_mapping", "block_tables", "context_lens", "query_start_loc", "scale",
            "rows")
 _SCALE_CACHES = ("key_scale_cache", "value_scale_cache")
+# LoRA: each token's adapter slot, the slots' ranks [L, 7] (q, k, v, o, gate, up, down), each linear's stacked A, B
+_LORA = ("lora_slots", "lora_ranks", "qkv_a", "qkv_b", "o_a", "o_b", "gate_up_a", "gate_up_b", "down_a", "down_b")
 
 
 def linear_kind(fmt: str, activations: str) -> int:
@@ -38,9 +40,10 @@ def _layer_shapes(h, *_):
     return h, h                                      # mlp_out, residual_out: [T, E] each
 
 
-def _op(first: bool, quantized: bool):
-    name = "DecoderLayer" + ("First" if first else "") + ("Quant" if quantized else "")
-    inputs = ("h",) + (() if first else ("residual",)) + _INPUTS + (_SCALE_CACHES if quantized else ())
+def _op(first: bool, quantized: bool, lora: bool):
+    name = "DecoderLayer" + ("First" if first else "") + ("Quant" if quantized else "") + ("Lora" if lora else "")
+    inputs = ("h",) + (() if first else ("residual",)) + _INPUTS + (_SCALE_CACHES if quantized else ()) + \
+        (_LORA if lora else ())
     op = build.aot_op(name, inputs, (ms.float32, ms.float32), _layer_shapes)
     op.add_prim_attr("side_effect_mem", True)        # writes the KV caches in place
     return op
@@ -56,32 +59,35 @@ class DecoderLayer(nn.Cell):
     residual None: the first layer (x = norm(h), residual h). formats: the weight formats of (qkv, o, gate_up,
     down), each weight packed for its kernel (models/parallel.py's linears); widths: their output widths;
     activations: the quantized linears' input dtype. quantized=True: int8 caches; construct also takes
-    key_scale_cache and value_scale_cache [NB, BS, KVH] float32 Parameters.
+    key_scale_cache and value_scale_cache [NB, BS, KVH] float32 Parameters. lora=True: LoRA adapters
+    (ops/lora.py); construct also takes `lora`: (lora_slots [T] int32, lora_ranks [L, 7] int32 (columns q, k, v,
+    o, gate, up, down), then the stacked A and B of qkv, o, gate_up and down), and each linear's output gets its
+    rows' deltas as LoraAdd adds them.
     """
 
     def __init__(self, eps: float, scale: float, formats, widths, activations: str = "float32",
-                 quantized: bool = False):
+                 quantized: bool = False, lora: bool = False):
         super().__init__()
         formats, widths = tuple(formats), tuple(int(w) for w in widths)
         if len(formats) != 4 or len(widths) != 4 or min(widths) < 1:
             raise ValueError(f"formats and widths name the 4 linears (qkv, o, gate_up, down), widths >= 1; "
                              f"got {formats}, {widths}")
-        self.quantized = quantized
+        self.quantized, self.lora = quantized, lora
         self.eps_t = Tensor([eps], ms.float32)  # [1]
         self.scale_t = Tensor([scale], ms.float32)  # [1]
         self.plan = Tensor([linear_kind(f, activations) for f in formats] + list(widths), ms.int32)  # [8]
-        self.op, self.op_first = _op(False, quantized), _op(True, quantized)
+        self.op, self.op_first = _op(False, quantized, lora), _op(True, quantized, lora)
 
     def construct(self, h, residual, input_norm, post_norm, w_qkv, w_o, w_gate_up, w_down, cos, sin, perm,
                   key_cache, value_cache, slot_mapping, block_tables, context_lens, query_start_loc, rows,
-                  key_scale_cache=None, value_scale_cache=None):
+                  key_scale_cache=None, value_scale_cache=None, lora=None):
         args = (input_norm, post_norm, self.eps_t, w_qkv, w_o, w_gate_up, w_down, self.plan, cos, sin, perm,
                 key_cache, value_cache, slot_mapping, block_tables, context_lens, query_start_loc, self.scale_t,
                 rows)
         if self.quantized:
-            if residual is None:
-                return self.op_first(h, *args, key_scale_cache, value_scale_cache)
-            return self.op(h, residual, *args, key_scale_cache, value_scale_cache)
+            args = args + (key_scale_cache, value_scale_cache)
+        if self.lora:
+            args = args + lora
         if residual is None:
             return self.op_first(h, *args)
         return self.op(h, residual, *args)

@@ -145,3 +145,20 @@ def pack_gguf_ref(raw: np.ndarray, fmt: str, in_features: int, activations: str 
     out = np.concatenate([np.ascontiguousarray(x).reshape(p, nb, -1) for x in parts], axis=2)
     out = out.reshape(p, nb * qm._BLOCK_BYTES[fmt]).view(np.int8)
     return qm._dot_layout(out, fmt, in_features) if activations == "int8" else out
+
+
+def lora_add_ref(y, x, slots, lora_a, lora_b, ranks, segments):
+    """ops/lora.py's LoraAdd: y [T, W] plus, for each row with a slot, each segment's (x A_g^T) B_g of the slot's
+    rank there (float64)."""
+    out = y.astype(np.float64).copy()
+    max_rank, column = lora_b.shape[1], 0
+    for g, (target, width) in enumerate(segments):
+        for t, slot in enumerate(slots):
+            if slot < 0:
+                continue
+            r = ranks[slot, target]
+            a = lora_a[slot, g * max_rank:g * max_rank + r].astype(np.float64)      # [r, K]
+            b = lora_b[slot, :r, column:column + width].astype(np.float64)         # [r, width]
+            out[t, column:column + width] += (x[t].astype(np.float64) @ a.T) @ b
+        column += width
+    return out

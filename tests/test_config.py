@@ -32,7 +32,7 @@ def test_leaf_names_are_unique_and_cover_every_section():
     keys = config_keys()
     assert {"path", "block_size", "num_blocks", "memory_budget", "max_num_seqs", "tensor_parallel_size",
             "device", "seed", "temperature"} <= set(keys)
-    assert set(keys.values()) == {"model", "kv_cache", "scheduler", "parallel", "context", "sampling"}
+    assert set(keys.values()) == {"model", "kv_cache", "scheduler", "parallel", "lora", "context", "sampling"}
 
 
 @pytest.mark.parametrize("data, match", [

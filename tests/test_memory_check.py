@@ -102,3 +102,20 @@ def test_a_model_larger_than_memory_is_refused_before_any_weight_is_read(monkeyp
     monkeypatch.setattr(weights, "iter_weights", no_read)
     with pytest.raises(ValueError, match=r"needs [\d.]+ GiB of memory \(weights [\d.]+ GiB"):    # this machine's memory
         LLM.prepare(TINY, path="random:tiny-llama?vocab_size=4000000000&hidden_size=512")
+
+
+def test_lora_bytes_is_what_the_slots_hold_and_the_check_counts_them(monkeypatch):
+    import mindspore as ms
+    import ms_atb.llm
+    from ms_atb.formats.loader import PRESETS
+    from ms_atb.llm import LLM
+    from ms_atb.memory_budget import lora_bytes
+    from ms_atb.models.llama import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(**{**PRESETS["tiny-llama"], "vocab_size": 500, "bos_token_id": 498, "eos_token_id": 499})
+    model = LlamaForCausalLM(config, num_blocks=4, block_size=16, dtype=ms.float32, device="cpu", lora=(3, 8))
+    assert lora_bytes(config, 1, 3, 8) == sum(p.size * 4 for p in model.lora_parameters())
+    # many big slots: refused before the build, the slots named
+    monkeypatch.setattr(ms_atb.llm, "_available_memory", lambda: 8 * GIB)
+    with pytest.raises(ValueError, match=r"and 64 LoRA slots of rank 4096 needs [\d.]+ GiB"):
+        LLM(TINY, path="random:tiny-llama?hidden_size=4096&intermediate_size=8192&num_hidden_layers=4",
+            enable_lora=True, max_loras=64, max_lora_rank=4096, num_blocks=16)

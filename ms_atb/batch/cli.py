@@ -26,6 +26,7 @@ import sys
 
 from ms_atb.batch import quiet
 from ms_atb.batch.job import BEAM_FIELDS, BatchJob
+from ms_atb.batch.lora_choice import lora_overrides, parse_loras
 from ms_atb.batch.output_file import OutputLock
 from ms_atb.batch.prompt_file import FORMATS, InputFile
 from ms_atb.sampling_params import CLI, sampling_fields
@@ -51,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="skip ids already in --output and append")
     existing.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="a LoRA adapter (PEFT directory) lines may name: an OpenAI line by its body's model, a JSONL "
+                        "line by its 'lora' field; repeatable; turns LoRA on (max_lora_rank: the largest rank given)")
     p.add_argument("--chat", action="store_true", help="apply the chat template to plain prompts")
     p.add_argument("--skip-invalid", action="store_true",
                    help="write an error line for each invalid request and run the others (default: stop; OpenAI "
@@ -113,7 +117,11 @@ def generate(args) -> int:
     """The job: its flags checked, then read -> lock -> prepare -> validate -> shard -> run -> write -> merge
     (ms_atb/batch/job.py)."""
     defaults = {k: v for k, v in vars(args).items() if k in SAMPLING_FLAGS and v is not None}
-    job = BatchJob(args, defaults, parse_overrides(args.set), beam_params(args, defaults))
+    loras = parse_loras(args.lora)
+    if loras and args.beam_width is not None:
+        raise ValueError("--beam-width runs the base model only; it takes no --lora")
+    job = BatchJob(args, defaults, lora_overrides(loras, parse_overrides(args.set)), beam_params(args, defaults),
+                   loras)
     with contextlib.ExitStack() as held:
         job.read(held)
         job.lock(held)

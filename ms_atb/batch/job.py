@@ -31,6 +31,7 @@ import time
 from ms_atb.batch import json_line, openai_batch, replicas, response_format, results
 from ms_atb.batch.id_index import IdIndex
 from ms_atb.batch.item import BatchItem
+from ms_atb.batch.lora_choice import LoraChoice, without_lora
 from ms_atb.batch.output_file import OutputLock, done_index
 from ms_atb.batch.prompt_file import STDIN, InputFile
 from ms_atb.batch.summary import Summary
@@ -44,8 +45,10 @@ _STATES = ("run", "invalid", "done")
 
 
 class BatchJob:
-    def __init__(self, args, sampling_defaults: dict, overrides: dict, beam=None):
+    def __init__(self, args, sampling_defaults: dict, overrides: dict, beam=None, loras: dict | None = None):
         self.args = args
+        self.loras = loras or {}                       # --lora NAME=PATH, parsed (ms_atb/batch/lora_choice.py)
+        self.lora_choice: LoraChoice | None = None     # set once the config is read
         self.sampling_defaults = sampling_defaults     # the command line's sampling flags
         self.overrides = overrides                     # --set KEY=VALUE, parsed
         self.beam = beam                               # BeamSearchParams under --beam-width
@@ -93,6 +96,7 @@ class BatchJob:
         args = self.args
         # scheduler.policy "auto" means "prefix" here: prompts are ordered by shared prefix
         self.llm = llm = LLM.prepare(args.config, default_policy="prefix", **self.overrides)
+        self.lora_choice = LoraChoice(self.loras, (args.config, llm.config.model.path))
         if msrun_role() is not None:         # scripts/msrun_generate.sh names a failed rank by its pid
             print(f"[ms_atb] msrun rank {global_rank()} is pid {os.getpid()}", file=sys.stderr, flush=True)
         dp = llm.config.parallel.data_parallel_size
@@ -173,11 +177,12 @@ class BatchJob:
             raise ValueError(f"beam search takes no structured output constraint, got {structured}" if structured
                              else f"under --beam-width a request may set only {list(BEAM_FIELDS)}, "
                                   f"got {sorted(set(item.sampling) - set(BEAM_FIELDS))}")
+        lora = self.lora_choice.of(item)
         params = SamplingParams.from_dict(response_format.line_sampling(
-            item.sampling, {**dataclasses.asdict(self.llm.config.sampling), **self.sampling_defaults}))
+            without_lora(item.sampling), {**dataclasses.asdict(self.llm.config.sampling), **self.sampling_defaults}))
         prompt, special = self._prompt(item)
         return self.llm.make_request(prompt, params, index, request_id=item.engine_id,
-                                     add_special_tokens=special, tag=item)
+                                     add_special_tokens=special, tag=item, lora_request=lora)
 
     def _prompt(self, item: BatchItem) -> tuple:
         """(the prompt the engine runs, whether the tokenizer adds its special tokens): a chat goes through the

@@ -9,19 +9,30 @@ max_num_batched_tokens and max_num_seqs. As it schedules a request it commits th
 request will have computed after the step, so a request admitted later in the same step shares
 a prefix an earlier one computes in it. When a block cannot be had, the most recently admitted
 running request is preempted by recompute.
+
+With LoRA (max_loras > 0) a request of an adapter is admitted only when its adapter is resident or a slot is
+free of running requests (ms_atb/core/lora_slots.py); the step names each sequence's slot and the adapters to load
+before it runs. A waiting request held back for want of a slot lets the requests behind it that can run be
+admitted (looking at most LORA_LOOKAHEAD deep), up to MAX_LORA_OVERTAKES of them; then admission waits for it,
+so a slot frees as running requests finish.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
 from ms_atb.core.block_manager import BlockManager, NoFreeBlocksError
+from ms_atb.core.lora_slots import LoraSlots
 from ms_atb.core.kv_tier import KVLoad, KVStore, PrefixTier
 from ms_atb.core.prefix_order import FcfsQueue, make_queue
 from ms_atb.core.scheduler_config import ALLOCATIONS, SchedulerConfig
 from ms_atb.core.sequence import Sequence, SequenceStatus
 
 __all__ = ["ALLOCATIONS", "Scheduler", "SchedulerConfig", "Step"]
+
+MAX_LORA_OVERTAKES = 64     # admissions past a request that waits for a LoRA slot, before admission waits for it
+LORA_LOOKAHEAD = 256        # waiting requests looked at past one that waits for a LoRA slot
 
 
 @dataclass
@@ -37,6 +48,8 @@ class Step:
     context_lens: list[int] = field(default_factory=list)          # [B] tokens with KV after the step
     query_start_loc: list[int] = field(default_factory=lambda: [0])  # [B + 1]
     sampled: list[bool] = field(default_factory=list)              # [B] does b sample a token now?
+    lora_slots: list[int] = field(default_factory=list)            # [B] b's LoRA adapter slot, -1: none
+    lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter) to load before the step
     kv_loads: list[KVLoad] = field(default_factory=list)           # tier blocks to copy in before the step runs
     kv_stores: list[KVStore] = field(default_factory=list)         # blocks it computes, to keep in the tier
     kv_used: list[tuple[bytes, int]] = field(default_factory=list)  # (hash, depth) of its pool hits: tier recency
@@ -76,6 +89,8 @@ class Scheduler:
         self.peak_running = 0
         self.num_steps = 0
         self.num_computed_prompt_tokens = 0        # tokens actually fed to the model, recompute included
+        self.lora_slots = LoraSlots(config.max_loras) if config.max_loras else None
+        self._lora_wait: list = [None, 0]          # [a request waiting for a LoRA slot, admissions made past it]
 
     # ---- requests -------------------------------------------------------------------------
     def check(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -108,6 +123,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.check(seq.num_prompt_tokens, seq.max_tokens)
+        if seq.lora_key is not None and self.lora_slots is None:
+            raise ValueError(f"request {seq.request_id!r} names a LoRA adapter, but LoRA is off (enable_lora)")
         seq.status = SequenceStatus.WAITING
         self.waiting.add(seq, self.num_steps)
 
@@ -134,7 +151,9 @@ class Scheduler:
             budget -= num_new
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting.peek()
+            seq = self._next_waiting()
+            if seq is None:
+                break
             if self.static and (len(self.running) + 1) * self.static_blocks_per_seq > \
                     self.block_manager.num_blocks:
                 break
@@ -150,7 +169,7 @@ class Scheduler:
                 break
             self._num_slots[seq.request_id] = seq.num_tokens
             num_new = seq.num_tokens - num_cached
-            self.waiting.pop()
+            self._take_waiting(seq)
             seq.num_computed_tokens = num_cached
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
@@ -159,11 +178,41 @@ class Scheduler:
             num_new = min(num_new, budget)
             self._add_to_step(step, seq, num_new)
             budget -= num_new
+        if self.lora_slots is not None:
+            step.lora_loads = self.lora_slots.take_loads()
         assert step.seqs or not self.has_unfinished(), "scheduler made no progress"
         step.kv_loads, step.kv_stores, step.kv_used = self.block_manager.take_transfers()
         self.peak_running = max(self.peak_running, len(self.running))
         self.num_steps += 1
         return step
+
+    def _lora_ready(self, seq: Sequence) -> bool:
+        return seq.lora_key is None or self.lora_slots.can_acquire(seq.lora_key)
+
+    def _next_waiting(self) -> Sequence | None:
+        """The waiting request to admit next: the queue's next, else, while that one waits for a LoRA slot, the
+        first behind it that can have its adapter (see the module docstring); None: none now."""
+        head = self.waiting.peek()
+        if self._lora_ready(head):
+            return head
+        if self._lora_wait[0] is not head:
+            self._lora_wait = [head, 0]
+        elif self._lora_wait[1] >= MAX_LORA_OVERTAKES:
+            return None
+        return next((s for s in itertools.islice(self.waiting, LORA_LOOKAHEAD)
+                     if s is not head and self._lora_ready(s)), None)
+
+    def _take_waiting(self, seq: Sequence) -> None:
+        """seq leaves the waiting queue to run, its adapter's slot acquired."""
+        if seq is self.waiting.peek():
+            self.waiting.pop()
+            if seq is self._lora_wait[0]:
+                self._lora_wait = [None, 0]
+        else:
+            self.waiting.remove(seq)
+            self._lora_wait[1] += 1
+        if seq.lora_key is not None:
+            self.lora_slots.acquire(seq.lora_key)
 
     def _reserve(self, seq: Sequence) -> bool:
         """Reserves a KV slot for seq's newest token (sampled last step) if it has none yet,
@@ -193,6 +242,8 @@ class Scheduler:
     def _free(self, seq: Sequence) -> None:
         self.block_manager.free(seq.request_id)
         del self._num_slots[seq.request_id]
+        if seq.lora_key is not None:
+            self.lora_slots.release(seq.lora_key)
 
     def _add_to_step(self, step: Step, seq: Sequence, num_new: int) -> None:
         assert num_new > 0
@@ -211,6 +262,7 @@ class Scheduler:
         step.context_lens.append(end)
         step.query_start_loc.append(step.query_start_loc[-1] + num_new)
         step.sampled.append(end == seq.num_tokens)
+        step.lora_slots.append(-1 if seq.lora_key is None else self.lora_slots.slot_of(seq.lora_key))
         seq.num_computed_tokens = end
         self.num_computed_prompt_tokens += num_new
 
@@ -257,4 +309,6 @@ class Scheduler:
                  num_computed_prompt_tokens=self.num_computed_prompt_tokens)
         if self.static:
             s["static_reserved_blocks"] = len(self.running) * self.static_blocks_per_seq
+        if self.lora_slots is not None:
+            s["num_lora_loads"] = self.lora_slots.num_loads
         return s

@@ -19,10 +19,13 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     allocation: str = "contiguous"      # one of ALLOCATIONS
+    max_loras: int = 0                  # LoRA adapters resident at once; 0: LoRA off
 
     def __post_init__(self):
         if self.allocation not in ALLOCATIONS:
             raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {self.allocation!r}")
+        if not isinstance(self.max_loras, int) or isinstance(self.max_loras, bool) or self.max_loras < 0:
+            raise ValueError(f"max_loras must be an integer >= 0 (0: LoRA off), got {self.max_loras!r}")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -20,7 +20,8 @@ class Sequence:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                  ignore_eos: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),
-                 arrival_time: float | None = None, extra_key: str | None = None):
+                 arrival_time: float | None = None, extra_key: str | None = None,
+                 lora_key: str | None = None):
         if len(prompt_token_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty")
         if not isinstance(max_tokens, numbers.Integral) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -31,6 +32,8 @@ class Sequence:
         self.max_tokens = max_tokens
         self.ignore_eos = ignore_eos
         self.stop_token_ids = frozenset(stop_token_ids)
+        # its LoRA adapter's identity (ms_atb/core/lora_slots.py), None: the base model; its extra_key too
+        self.lora_key = lora_key
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0       # prompt tokens found in the prefix cache at first admission

@@ -48,8 +48,10 @@ class StepOutput:
 
 class Engine:
     def __init__(self, new_scheduler: Callable[[], Scheduler], sampler,
-                 structured: StructuredOutputManager | None = None):
+                 structured: StructuredOutputManager | None = None, adapters=None):
+        """adapters: the LoRA adapters requests name (ms_atb/engine/adapters.py: path(key)), or None."""
         self._new_scheduler = new_scheduler
+        self.adapters = adapters
         self.scheduler = new_scheduler()
         self.sampler = sampler
         self.runner = None                       # set once the model is built
@@ -100,7 +102,8 @@ class Engine:
         stops = set() if p.ignore_eos else set(p.stop_token_ids or ()) | stop_token_ids
         samples = []
         for i, seq_id in enumerate(request.sample_ids):
-            seq = Sequence(seq_id, request.prompt_token_ids, p.max_tokens, stop_token_ids=stops, arrival_time=now)
+            seq = Sequence(seq_id, request.prompt_token_ids, p.max_tokens, stop_token_ids=stops, arrival_time=now,
+                           extra_key=request.lora_key, lora_key=request.lora_key)
             gen = None
             if not p.greedy:   # sample i > 0 of a seeded request: its own stream, derived from the seed
                 base = [p.seed] if p.seed is not None else seed
@@ -190,6 +193,8 @@ class Engine:
         for seq in step.seqs:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
+        for slot, key in step.lora_loads:                  # the adapters this step's new requests need
+            self.runner.load_lora(slot, self.adapters.path(key), key)
         rows = [b for b, s in enumerate(step.sampled) if s]
         masks = self._fill_masks(step, rows)
         try:

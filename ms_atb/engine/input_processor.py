@@ -2,8 +2,9 @@
 
 Owned by LLM. It reads the tokenizer and the vocabulary size it was given, and checks each request's size
 against the engine's limits (`limits.check`, `limits.max_output_tokens`: the Engine, which alone reads the
-scheduler's KV pool and max_model_len; `limits.check_guide`: its StructuredOutputManager, against the tokenizer); it
-owns the request id counter and the cache of Guides (one per distinct structured output constraint)."""
+scheduler's KV pool and max_model_len; `limits.check_guide`: its StructuredOutputManager, against the tokenizer)
+and its LoRA adapter through `adapters` (ms_atb/engine/adapters.py); it owns the request id counter and the cache
+of Guides (one per distinct structured output constraint)."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,10 @@ Prompt = Union[str, list[int], tuple[int, ...], np.ndarray, dict]
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, limits):
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, limits, adapters=None):
         self.tokenizer = tokenizer
         self.limits = limits            # check(num_prompt_tokens, max_tokens), max_output_tokens(num_prompt_tokens)
+        self.adapters = adapters        # Adapters (check(lora_request) -> key), or None: no LoRA request is taken
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self._next_id = 0
@@ -38,9 +40,10 @@ class InputProcessor:
         return self._next_id
 
     def build_all(self, prompts, sampling_params, defaults: SamplingParams,
-                  add_special_tokens: bool = True) -> list[Request]:
+                  add_special_tokens: bool = True, lora_request=None) -> list[Request]:
         """One Request per prompt; ValueError naming the first bad one's index. sampling_params: one
-        SamplingParams, one per prompt, or None (defaults)."""
+        SamplingParams, one per prompt, or None (defaults); lora_request: None, one LoRARequest, or one (or None)
+        per prompt."""
         if isinstance(prompts, np.ndarray) and prompts.ndim in (1, 2):
             prompts = [prompts] if prompts.ndim == 1 else list(prompts)     # one prompt, or one per row
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
@@ -66,13 +69,20 @@ class InputProcessor:
                     sp.validate()
                 except ValueError as e:
                     raise ValueError(f"request {i}: {e}") from None
-        return [self.build(p, sp, i, add_special_tokens=add_special_tokens)
-                for i, (p, sp) in enumerate(zip(prompts, sampling_params))]
+        if not isinstance(lora_request, (list, tuple)):
+            lora_request = [lora_request] * len(prompts)
+        elif len(lora_request) != len(prompts):
+            raise ValueError(f"lora_request must be one LoRARequest (or None) or a list of {len(prompts)} (one per "
+                             f"prompt), got a list of {len(lora_request)}")
+        return [self.build(p, sp, i, add_special_tokens=add_special_tokens, lora_request=lr)
+                for i, (p, sp, lr) in enumerate(zip(prompts, sampling_params, lora_request))]
 
     def build(self, prompt: Prompt, params: SamplingParams, index: int, request_id: str | None = None,
-              add_special_tokens: bool = True, tag=None) -> Request:
-        """Validates one request; ValueError naming its index. tag: the caller's data, carried to its output."""
+              add_special_tokens: bool = True, tag=None, lora_request=None) -> Request:
+        """Validates one request; ValueError naming its index. tag: the caller's data, carried to its output;
+        lora_request: its LoRA adapter (a LoRARequest), None for the base model."""
         try:
+            lora_key = self._lora_key(lora_request)
             if isinstance(prompt, dict):
                 keys = sorted(prompt)
                 if keys not in (["prompt"], ["prompt_token_ids"]):
@@ -125,7 +135,15 @@ class InputProcessor:
         if request_id is None:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
-        return Request(request_id, index, text, ids, params, guide, bad_words_ids, tag)
+        return Request(request_id, index, text, ids, params, guide, bad_words_ids, tag, lora_request, lora_key)
+
+    def _lora_key(self, lora_request) -> str | None:
+        """The adapter's key (Adapters.check), None for the base model."""
+        if lora_request is None:
+            return None
+        if self.adapters is None:
+            raise ValueError("this engine takes no LoRA adapters")
+        return self.adapters.check(lora_request)
 
     def _text_constraints(self, params: SamplingParams) -> tuple[Guide | None, list[tuple[int, ...]]]:
         """The Guide of params.structured and the token sequences of params.bad_words (each word as encoded alone

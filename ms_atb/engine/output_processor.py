@@ -5,8 +5,8 @@ Rules:
      part of its text. A stop string found in the text ends the sample ("stop"), the text cut before it (or
      after it with include_stop_str_in_output); stop strings count only from min_tokens on, as in vLLM.
   2. A request's output is made when all its n samples are finished, samples in index order.
-  3. With deduplication (the prefix policy) a request identical to an earlier one of the run (prompt tokens and
-     greedy SamplingParams, n == 1) is not computed: it gets a copy of that one's output. Sampling requests are
+  3. With deduplication (the prefix policy) a request identical to an earlier one of the run (prompt tokens, LoRA
+     adapter and greedy SamplingParams, n == 1) is not computed: it gets a copy of that one's output. Sampling requests are
      never copied: each keeps its own seed.
   4. An id may be used once among the requests in flight, by a request or by one of its samples (a list given to
      generate() is all in flight at once). A finished request leaves every table: a streamed run's memory does not
@@ -42,7 +42,7 @@ class OutputProcessor:
         self.done: dict[int, list[EngineSample]] = {}  # by id(request): its finished samples
         self.request_ids: set[str] = set()
         self.duplicates_of: dict[int, list[Request]] = {}    # id(computed request) -> its duplicates
-        self._computed: dict[tuple[int, ...], list[Request]] = {}   # prompt tokens -> dedupable requests
+        self._computed: dict[tuple, list[Request]] = {}   # (adapter, prompt tokens) -> dedupable requests
         self.num_deduplicated = 0
         self.num_copied_tokens = 0       # output tokens delivered to duplicates
 
@@ -93,7 +93,7 @@ class OutputProcessor:
         duplicates = self.duplicates_of.pop(id(request), [])
         for r in (request, *duplicates):
             self.request_ids.discard(r.request_id)
-        key = tuple(request.prompt_token_ids)
+        key = (request.lora_key, tuple(request.prompt_token_ids))
         same_prompt = [r for r in self._computed.get(key, ()) if r is not request]
         if same_prompt:
             self._computed[key] = same_prompt
@@ -132,11 +132,11 @@ class OutputProcessor:
 
     def _is_duplicate(self, r: Request) -> bool:
         """Under deduplication: True (and r noted as a copy) if an earlier request of the run has r's prompt
-        tokens and equal greedy SamplingParams with n == 1; its output is then r's, token for token."""
+        tokens, r's adapter and equal greedy SamplingParams with n == 1; its output is then r's, token for token."""
         p = r.params
         if not self.deduplicate or not p.greedy or p.n != 1:
             return False
-        same_prompt = self._computed.setdefault(tuple(r.prompt_token_ids), [])
+        same_prompt = self._computed.setdefault((r.lora_key, tuple(r.prompt_token_ids)), [])
         first = next((c for c in same_prompt if c.params == p), None)
         if first is None:
             same_prompt.append(r)
@@ -165,7 +165,7 @@ def _output(samples: list[tuple[EngineSample, SampleText]]) -> RequestOutput:
                                earliest(s.first_token_time for s in seqs),
                                max(s.finish_time for s in seqs), max(s.num_output_tokens for s in seqs)),
         stop_reason=c.stop_reason, logprobs=c.logprobs, outputs=completions,
-        prompt_logprobs=first.prompt_logprobs)
+        prompt_logprobs=first.prompt_logprobs, lora_request=first.request.lora_request)
 
 
 def copy_output(out: RequestOutput, request: Request) -> RequestOutput:
@@ -175,7 +175,7 @@ def copy_output(out: RequestOutput, request: Request) -> RequestOutput:
                for c in out.outputs]
     first = outputs[0]
     return dataclasses.replace(
-        out, request_id=request.request_id, prompt=request.prompt,
+        out, request_id=request.request_id, prompt=request.prompt, lora_request=request.lora_request,
         prompt_token_ids=list(request.prompt_token_ids), token_ids=first.token_ids, logprobs=first.logprobs,
         outputs=outputs, metrics=dataclasses.replace(out.metrics),
         prompt_logprobs=None if out.prompt_logprobs is None else [None if d is None else dict(d)

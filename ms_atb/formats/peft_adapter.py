@@ -10,9 +10,15 @@ Rules:
   3. Tensor names are PEFT's: `base_model.model.model.layers.{i}.{self_attn|mlp}.{x}_proj.lora_A.weight` [r, in] and
      `...lora_B.weight` [out, r] (an adapter name before `.weight`, as `lora_A.default.weight`, is accepted).
      Every targeted projection of every layer present must have both, and only targeted ones may appear.
+  4. An adapter is made against HF's layout. A model whose RoPE is interleaved (a GGUF of the llama architecture)
+     holds its q and k rows permuted within each head as llama.cpp's converter permutes them, so the adapter's
+     q_proj and k_proj lora_B rows are permuted the same way as they are read.
+  5. `digest` (sha256 of adapter_config.json and adapter_model.safetensors, as read) names the adapter's content:
+     two directories holding the same files are one adapter.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -39,8 +45,15 @@ class LoraAdapter:
     rank: int
     scaling: float
     targets: tuple[str, ...]
+    digest: bytes = b""                                 # rule 5
     lora_a: dict = field(default_factory=dict, repr=False)
     lora_b: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> str:
+        """The adapter's identity (rule 5): the extra key of its requests' prefix-cache chains and of the KV disk
+        tier's files, and the slots' key."""
+        return "lora:" + self.digest.hex()
 
     @property
     def nbytes(self) -> int:
@@ -57,20 +70,30 @@ def target_shape(config: LlamaConfig, target: str) -> tuple[int, int]:
 
 def read_adapter_config(path: str) -> dict:
     """The adapter's settings (rule 1), checked (rule 2): {"rank", "alpha", "rslora", "targets"}."""
-    file = os.path.join(path, "adapter_config.json")
+    return _settings(path, _config_object(path, _config_bytes(path)))
+
+
+def _config_bytes(path: str) -> bytes:
     if not os.path.isdir(path):
         raise ValueError(f"LoRA adapter {path!r}: not a directory (a PEFT adapter is a directory holding "
                          f"adapter_config.json and adapter_model.safetensors)")
     try:
-        with open(file, encoding="utf-8") as f:
-            config = json.load(f)
+        with open(os.path.join(path, "adapter_config.json"), "rb") as f:
+            return f.read()
     except FileNotFoundError:
         raise ValueError(f"LoRA adapter {path!r}: adapter_config.json is missing") from None
+    except OSError as e:
+        raise ValueError(f"LoRA adapter {path!r}: adapter_config.json cannot be read ({e.strerror})") from None
+
+
+def _config_object(path: str, raw: bytes) -> dict:
+    try:
+        config = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"LoRA adapter {path!r}: adapter_config.json is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"LoRA adapter {path!r}: adapter_config.json must hold an object")
-    return _settings(path, config)
+    return config
 
 
 def _settings(path: str, config: dict) -> dict:
@@ -102,9 +125,10 @@ def _settings(path: str, config: dict) -> dict:
 
 
 def load_adapter(path: str, base: LlamaConfig, max_rank: int) -> LoraAdapter:
-    """The adapter of a PEFT directory, checked against the base model and max_rank (rules 1-3)."""
-    from safetensors.numpy import load_file
-    settings = read_adapter_config(path)
+    """The adapter of a PEFT directory, checked against the base model and max_rank (rules 1-5)."""
+    from safetensors.numpy import load as load_bytes
+    raw_config = _config_bytes(path)
+    settings = _settings(path, _config_object(path, raw_config))
     if settings["rank"] > max_rank:
         raise ValueError(f"LoRA adapter {path!r}: rank {settings['rank']} is above max_lora_rank {max_rank}")
     file = os.path.join(path, "adapter_model.safetensors")
@@ -113,12 +137,15 @@ def load_adapter(path: str, base: LlamaConfig, max_rank: int) -> LoraAdapter:
             if os.path.isfile(os.path.join(path, "adapter_model.bin")) else ""
         raise ValueError(f"LoRA adapter {path!r}: adapter_model.safetensors is missing{extra}")
     try:
-        tensors = load_file(file)
+        with open(file, "rb") as f:
+            raw = f.read()
+        tensors = load_bytes(raw)
     except Exception as e:          # safetensors raises its own errors for a damaged file
         raise ValueError(f"LoRA adapter {path!r}: adapter_model.safetensors cannot be read ({e})") from None
     rank, alpha = settings["rank"], settings["alpha"]
     scaling = alpha / math.sqrt(rank) if settings["rslora"] else alpha / rank
-    adapter = LoraAdapter(os.path.abspath(path), rank, scaling, settings["targets"])
+    digest = hashlib.sha256(hashlib.sha256(raw_config).digest() + hashlib.sha256(raw).digest()).digest()
+    adapter = LoraAdapter(os.path.abspath(path), rank, scaling, settings["targets"], digest)
     for name, tensor in tensors.items():
         layer, target, which = _parse_name(path, name, base, settings["targets"])
         out, inp = target_shape(base, target)
@@ -134,7 +161,20 @@ def load_adapter(path: str, base: LlamaConfig, max_rank: int) -> LoraAdapter:
         raise ValueError(f"LoRA adapter {path!r}: layer {layer} {target} has only one of lora_A and lora_B")
     if not adapter.lora_a:
         raise ValueError(f"LoRA adapter {path!r}: adapter_model.safetensors holds no LoRA weights")
+    if base.rope_interleaved:
+        _permute_qk(adapter, base)
     return adapter
+
+
+def _permute_qk(adapter: LoraAdapter, base: LlamaConfig) -> None:
+    """Rule 4: q_proj's and k_proj's lora_B rows [out, r] in llama.cpp's order: within each head of D rows, row
+    2 i + j takes HF's row j D / 2 + i (the halves of rotate-half RoPE interleaved in pairs)."""
+    heads = {"q_proj": base.num_attention_heads, "k_proj": base.num_key_value_heads}
+    for (layer, target), b in adapter.lora_b.items():
+        if target in heads:
+            n = heads[target]
+            adapter.lora_b[(layer, target)] = np.ascontiguousarray(
+                b.reshape(n, 2, b.shape[0] // n // 2, b.shape[1]).swapaxes(1, 2).reshape(b.shape))
 
 
 def _parse_name(path: str, name: str, base: LlamaConfig, targets: tuple) -> tuple[int, str, str]:

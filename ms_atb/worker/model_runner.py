@@ -7,6 +7,10 @@ fixed width ceil(max_model_len / block_size). Padded tokens get slot -1 (no cach
 multiplied by the linears (they stop at query_start_loc[-1]); padded sequences get context_len 0 and an
 empty query range (no attention). Dynamic shapes were measured slower on this CPU (see
 scripts/bench_model.py).
+
+With LoRA (lora.enable_lora) each token's adapter slot is one more int32 input [T] (-1: none, padding included),
+and the adapters a step needs are written into their slots before it runs (load_lora, models/lora.py): switching
+adapters compiles nothing.
 """
 from __future__ import annotations
 
@@ -21,10 +25,12 @@ import numpy as np
 from ms_atb.config import parse_device, resolve_cache_dtype
 from ms_atb.formats import loader
 from ms_atb.formats.llama_config import LlamaConfig
+from ms_atb.formats.peft_adapter import load_adapter
 from ms_atb.formats.sharding import num_kv_heads_per_rank
 from ms_atb.formats.weight_formats import linear_activations, weight_formats
 from ms_atb.models import weights
 from ms_atb.models.llama import LlamaForCausalLM, LlamaTokenLogits
+from ms_atb.models.lora import write_slot
 from ms_atb.ops.backends import resolve_backend
 from ms_atb.worker.graph_call import GraphCall
 from ms_atb.worker.kv_pool import KVPool
@@ -88,18 +94,17 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
     return buckets + [max_num_batched_tokens]
 
 
-def _set_device(asked: str, device: str, device_id: int | None) -> None:
-    """Graph mode on `device` (context.device `asked`, parsed); a ValueError when this MindSpore cannot use it."""
+def _set_device(device: str, device_id: int | None, setting: str) -> None:
+    """Graph mode on the device; ValueError naming context.device (`setting`) when this MindSpore cannot use it."""
     ms.set_context(mode=ms.GRAPH_MODE)
-    if ms.get_context("device_target") == _DEVICES[device]:
-        return
-    try:
-        # only possible before MindSpore's runtime starts
-        ms.set_device(_DEVICES[device], *(() if device_id is None else (device_id,)))
-    except RuntimeError as e:            # e.g. "npu" with a CPU-only MindSpore build
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"context.device {asked!r}: this MindSpore {ms.__version__} cannot use it "
-                         f"({reason}); 'cpu' works with every build") from None
+    if ms.get_context("device_target") != _DEVICES[device]:
+        try:
+            # only possible before MindSpore's runtime starts
+            ms.set_device(_DEVICES[device], *(() if device_id is None else (device_id,)))
+        except RuntimeError as e:            # e.g. "npu" with a CPU-only MindSpore build
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"context.device {setting!r}: this MindSpore {ms.__version__} cannot use it "
+                             f"({reason}); 'cpu' works with every build") from None
 
 
 class ModelRunner:
@@ -134,7 +139,7 @@ class ModelRunner:
         self.max_num_batched_tokens = sc.max_num_batched_tokens
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size)
         self.buckets = token_buckets(sc.max_num_batched_tokens)
-        _set_device(config.context.device, device, device_id)
+        _set_device(device, device_id, config.context.device)
         self.attention_backend = resolve_backend(device, config.kv_cache.attention_backend)
         if formats is None:
             formats = weight_formats(model_path, self.model_config, config.model.weight_dtype, tp_size, device,
@@ -143,10 +148,12 @@ class ModelRunner:
         # the quantized linears' kernels and layout: model.activation_dtype, "auto" resolved
         self.activation_dtype = linear_activations(config.model.activation_dtype, self.weight_formats,
                                                    config.model.dtype)
+        self.lora = (config.lora.max_loras, config.lora.max_lora_rank) if config.lora.enable_lora else None
+        self.lora_load_seconds = 0.0             # spent reading adapters and writing them into their slots
         self.model = LlamaForCausalLM(self.model_config, num_blocks, block_size, self.dtype, device,
                                       tp_size, tp_rank, attention_backend=self.attention_backend,
                                       cache_dtype=self.cache_dtype, weight_formats=self.weight_formats,
-                                      activation_dtype=self.activation_dtype)
+                                      activation_dtype=self.activation_dtype, lora=self.lora)
         # with a disk tier (kv_cache.disk_cache_dir), the pool's bytes are arrays of ours: blocks move in and out
         self.kv_pool = KVPool(self.model) if config.kv_cache.disk_cache_dir else None
         self.disk_tier = None                    # DiskTier, attached by the engine's builder
@@ -181,7 +188,8 @@ class ModelRunner:
                          f"{self.max_num_batched_tokens}")
 
     def prepare(self, step) -> tuple[list, int]:
-        """The six padded int32 input arrays of a step, and its number of sequences."""
+        """The six padded int32 input arrays of a step (seven with LoRA: each token's adapter slot), and its number
+        of sequences."""
         num_seqs, num_tokens = len(step.request_ids), len(step.token_ids)
         if num_seqs > self.max_num_seqs:
             raise ValueError(f"step has {num_seqs} sequences, above max_num_seqs {self.max_num_seqs}")
@@ -206,7 +214,22 @@ class ModelRunner:
         context_lens[:num_seqs] = step.context_lens
         qsl = np.full(b + 1, num_tokens, np.int32)
         qsl[:num_seqs + 1] = step.query_start_loc
-        return [ids, positions, slots, tables, context_lens, qsl], num_seqs
+        arrays = [ids, positions, slots, tables, context_lens, qsl]
+        if self.lora is not None:
+            lora_slots = np.full(t, -1, np.int32)     # [T]: each token its sequence's slot
+            lora_slots[:num_tokens] = np.repeat(np.asarray(step.lora_slots, np.int32), step.num_scheduled_tokens)
+            arrays.append(lora_slots)
+        return arrays, num_seqs
+
+    def load_lora(self, slot: int, path: str, key: str) -> None:
+        """Slot `slot` holds the adapter of directory `path` from the next step on; ValueError when its files no
+        longer hold the adapter `key` names (changed since the request naming it was checked)."""
+        start = time.perf_counter()
+        adapter = load_adapter(path, self.model_config, self.lora[1])
+        if adapter.key != key:
+            raise ValueError(f"LoRA adapter {path!r}: its files changed since the request naming it was checked")
+        write_slot(self.model, slot, adapter, self.tp_size, self.tp_rank)
+        self.lora_load_seconds += time.perf_counter() - start
 
     def execute(self, step, every_token: bool = False) -> np.ndarray:
         """Logits float32 of each sequence's last scheduled token [B, vocab]; with every_token, of
@@ -302,7 +325,7 @@ class ModelRunner:
                 "num_blocks": self.num_blocks, "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "max_blocks_per_seq": self.max_blocks_per_seq, "buckets": self.buckets,
                 "kernels": loaded_kernel_library(), "attention_backend": self.attention_backend,
-                **self._attention_library()}
+                **self._attention_library(), **({"lora": list(self.lora)} if self.lora is not None else {})}
 
     def _attention_library(self) -> dict:
         if self.attention_backend != "ascendc":
@@ -315,7 +338,7 @@ class ModelRunner:
         b = min(t, self.max_num_seqs)
         arrays = [np.zeros(t, np.int32), np.zeros(t, np.int32), np.full(t, -1, np.int32),
                   np.zeros((b, self.max_blocks_per_seq), np.int32), np.zeros(b, np.int32),
-                  np.zeros(b + 1, np.int32)]
+                  np.zeros(b + 1, np.int32)] + ([np.full(t, -1, np.int32)] if self.lora is not None else [])
         self._graph_call().compile(t, *[ms.Tensor(a) for a in arrays]).asnumpy()
         self.compiled.add(t)
 
