@@ -14,6 +14,7 @@ from ms_atb.config import (DEFAULT_MAX_MODEL_LEN, EngineConfig, config_keys, par
 from ms_atb.core.prefix_order import POLICIES
 from ms_atb.core.scheduler import Scheduler, SchedulerConfig
 from ms_atb.engine.adapters import Adapters
+from ms_atb.engine.admission import Admission
 from ms_atb.engine.engine import Engine
 from ms_atb.engine.input_processor import InputProcessor, Prompt
 from ms_atb.engine.output_processor import OutputProcessor
@@ -295,7 +296,8 @@ class LLM:
         engine, start = self.engine, time.perf_counter()
         processor = OutputProcessor(self.tokenizer, deduplicate=engine.policy == "prefix")
         engine.begin_run()
-        admit = _Admission(self, requests, processor, window)
+        admit = Admission(engine, requests, processor, window, self.stop_token_ids,
+                          [self.config.context.seed, self.input_processor.num_built])
         bar = None
         try:
             admit.fill(start)
@@ -467,41 +469,3 @@ def _available_memory() -> int | None:
     """Bytes of memory this process may still take: the least of MemAvailable and its cgroup limits' headroom,
     or None where unknown."""
     return memory_budget.available_bytes()
-
-
-class _Admission:
-    """Takes a run's requests into the engine: a list all at once (every id checked before any is queued), any
-    other iterable up to `window` requests ahead of their outputs."""
-
-    def __init__(self, llm: LLM, requests: Iterable[Request], processor: OutputProcessor, window: int | None):
-        self.llm, self.processor = llm, processor
-        self.listed = isinstance(requests, (list, tuple))
-        self.source = iter(requests)
-        self.window = None if self.listed else window
-        self.in_flight = 0                  # requests taken whose output has not been yielded
-        self.stops = llm.stop_token_ids
-        self.seed = [llm.config.context.seed, llm.input_processor.num_built]
-
-    def fill(self, now: float) -> None:
-        if self.listed:
-            batch, self.listed = list(self.source), False
-            computed = [r for r in batch if self.processor.add(r)]     # a reused id fails before anything is queued
-            self.in_flight += len(batch)
-            for r in computed:
-                self._queue(r, now)
-            return
-        while self.window is None or self.in_flight < self.window:
-            r = next(self.source, None)
-            if r is None:
-                return
-            if not isinstance(r, Request):
-                raise ValueError(f"stream() runs requests made by LLM.make_request(), got {type(r).__name__}")
-            self.in_flight += 1
-            if self.processor.add(r):
-                self._queue(r, now)
-
-    def _queue(self, r: Request, now: float) -> None:
-        try:
-            self.llm.engine.add(r, self.stops, self.seed + [r.index], now)
-        except ValueError as e:      # the scheduler changed since the request was made
-            raise ValueError(f"request {r.index}: {e}") from None
