@@ -42,7 +42,6 @@ using ms_atb::DotRows;
 using ms_atb::Rows;
 
 constexpr int64_t kQueryTile = 32;
-constexpr int64_t kTiledRows = 16;  // rows per kv head from which the GEMM-tiled path pays
 constexpr int64_t kSpanBlocks = 64;  // blocks of a decode span: 1,024 tokens at 16 a block
 
 // Floats of a span item's slot in Args::partials: (max, sum, acc [D]) for each of its rows, at most a query tile's.
@@ -176,8 +175,13 @@ void CombineSpans(const Args &a, const Item *spans, int64_t n, float *out) {
   }
 }
 
+// The GEMM-tiled path takes every row of a sequence with two or more queries in the call (a prompt chunk), the
+// per-block path a sequence's single query (a decode token). The two round differently, so the choice hangs on the
+// sequence, never on how many of its rows share a tile: a prompt row comes out the same in any chunk of two or more
+// rows, which is what makes a prefix hit give the tokens of recomputing (the scheduler never computes a prompt row
+// of a longer prompt alone: ms_atb/core/scheduler.py, chunk_size).
 bool Tiled(const Item &it, const Args &a) {
-  return (it.q_end - it.q_begin) * (a.H / a.KVH) >= kTiledRows && a.D % ms_atb::kTileCols == 0;
+  return a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq] >= 2 && a.D % ms_atb::kTileCols == 0;
 }
 
 // items, then the spans' combinations (`spans`: the first item of each run of spans of one row group, and its

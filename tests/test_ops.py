@@ -132,6 +132,21 @@ def test_sequence_result_independent_of_batch(cells):
     assert np.array_equal(mixed[1:38], alone)
 
 
+def test_a_prompt_rows_result_does_not_depend_on_how_the_prompt_is_chunked(cells):
+    """A prompt computed whole, or in chunks of two or more rows (each chunk a sequence over the same blocks, its
+    context ending at the chunk's end), gives every row bit for bit the same output: a prefix hit, which computes
+    only the rows after it, then gives the tokens of recomputing the whole prompt."""
+    rng = np.random.default_rng(7)
+    cell = cells["gqa3"]
+    random_caches(rng, cell)
+    query, tables, lens, qsl = make_batch(rng, "gqa3", [(150, 150)], "scattered")
+    whole = run_attend(cell, query, tables, lens, qsl)
+    cuts = [0, 2, 5, 40, 72, 74, 148, 150]               # chunks of 2, 3, 35, 32, 2, 74 and 2 rows
+    chunked = run_attend(cell, query, np.repeat(tables, len(cuts) - 1, axis=0), np.array(cuts[1:], np.int32),
+                         np.array(cuts, np.int32))
+    assert np.array_equal(chunked, whole)
+
+
 def test_float16_caches():
     rng = np.random.default_rng(2)
     cell = attend_cell("gqa4", np.float16)

@@ -217,3 +217,23 @@ def test_random_workloads_finish_without_deadlock(seed):
     run(sched, seqs)
     assert all(s.num_output_tokens == s.max_tokens for s in seqs)
     assert sched.block_manager.stats()["usage"] == 0
+
+
+@pytest.mark.parametrize("budget", [4, 5, 7, 16, 33])
+def test_a_prompt_row_is_never_computed_alone(budget):
+    """Every step computes two or more rows of a prompt that has two or more left (the attention kernel rounds a
+    lone row otherwise, so a prefix hit would not give the tokens of recomputing); prefix hits leave two."""
+    sched = Scheduler(SchedulerConfig(num_blocks=96, block_size=4, max_model_len=256, max_num_seqs=6,
+                                      max_num_batched_tokens=budget, enable_prefix_caching=True))
+    rng = random.Random(budget)
+    shared = [rng.randrange(VOCAB) for _ in range(13)]
+    seqs = make_seqs([rng.randrange(1, 30) for _ in range(20)], [rng.randrange(1, 6) for _ in range(20)],
+                     seed=budget, prefix=shared)
+
+    def check(step):
+        for seq, n, ctx in zip(step.seqs, step.num_scheduled_tokens, step.context_lens):
+            if ctx - n < seq.num_prompt_tokens:          # this step computes prompt rows
+                assert n >= 2 or seq.num_prompt_tokens == 1, (seq.request_id, n, ctx)
+    run(sched, seqs, check)
+    assert all(s.num_cached_tokens <= s.num_prompt_tokens - 2 for s in seqs)
+    assert any(s.num_cached_tokens > 0 for s in seqs)

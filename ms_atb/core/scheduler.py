@@ -62,6 +62,23 @@ class Step:
         return len(self.seqs)
 
 
+MIN_PREFILL_ROWS = 2        # the least rows of a prompt computed in one step (chunk_size)
+
+
+def chunk_size(remaining: int, budget: int, max_budget: int) -> int:
+    """How many of a request's `remaining` tokens to compute in a step with `budget` tokens left, 0 for none now.
+    A prompt row is never computed alone while its request has other rows to compute: the CPU attention kernel
+    rounds a sequence's single query differently from the rows of a chunk (ops/paged_attention.cc, Tiled), so a
+    row must take the same path however the prompt is cut. So a chunk of two or more remaining tokens is never one
+    token and never leaves one (a decode token, one remaining, is alone anyway), and a prefix hit leaves two
+    (BlockManager's min_uncached). A step cap under 4 tokens, where that rule could leave a request no chunk at
+    all, chunks freely."""
+    if remaining <= budget or remaining < 2 or max_budget < 4:
+        return min(remaining, budget)
+    num = min(budget, remaining - MIN_PREFILL_ROWS)
+    return num if num >= MIN_PREFILL_ROWS else 0
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_tier: PrefixTier | None = None):
         """kv_tier: blocks kept outside the pool (ms_atb/core/kv_tier.py), found by the prefix cache's hashes."""
@@ -69,7 +86,8 @@ class Scheduler:
         num_blocks, block_size, max_model_len = config.num_blocks, config.block_size, config.max_model_len
         self.block_manager = BlockManager(
             num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching,
-            allocation="scattered" if config.allocation == "scattered" else "contiguous", tier=kv_tier)
+            allocation="scattered" if config.allocation == "scattered" else "contiguous", tier=kv_tier,
+            min_uncached=MIN_PREFILL_ROWS)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -143,7 +161,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = chunk_size(seq.num_tokens - seq.num_computed_tokens, budget, self.max_num_batched_tokens)
+            if num_new == 0:
+                i += 1
+                continue
             if not self._reserve(seq):
                 break                      # seq itself was preempted: it was the newest
             self._add_to_step(step, seq, num_new)
@@ -175,9 +196,10 @@ class Scheduler:
                 seq.num_cached_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            num_new = min(num_new, budget)
-            self._add_to_step(step, seq, num_new)
-            budget -= num_new
+            num_new = chunk_size(num_new, budget, self.max_num_batched_tokens)
+            if num_new:
+                self._add_to_step(step, seq, num_new)
+                budget -= num_new
         if self.lora_slots is not None:
             step.lora_loads = self.lora_slots.take_loads()
         assert step.seqs or not self.has_unfinished(), "scheduler made no progress"
