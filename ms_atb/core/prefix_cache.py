@@ -80,8 +80,9 @@ class PrefixCache:
     def lookup(self, token_ids, block_size: int, extra_key: str | None = None, max_blocks: int | None = None
                ) -> tuple[list[int], list[bytes]]:
         """The cached blocks of the longest run of whole leading blocks of token_ids, and their hashes.
-        At least one token is left out, and at most max_blocks blocks are taken (None: no limit). A copy right after the previous hit is taken first (contiguity),
-        else the first copy (a live one when there is one); each is checked by its tokens and its chain."""
+        At least one token is left out, and at most max_blocks blocks are taken (None: no limit). A copy right
+        after the previous hit is taken first (contiguity), else the first copy (a live one when there is one);
+        each is checked by its tokens and its chain."""
         hits, hashes = [], []
         parent, chain = self.root(extra_key)
         limit = (len(token_ids) - 1) // block_size
