@@ -57,9 +57,8 @@ def test_a_later_engine_reads_the_blocks_and_gives_the_same_tokens(tmp_path, pla
     tokens, cached, stats = run(engine(tmp_path), batch)
     assert tokens == reference
     assert stats["disk_cache_hit_tokens"] > 0 and stats["disk_cache_written_blocks"] == 0
-    # every prompt's whole blocks come from the pool or the tier, but for the one holding its last two tokens (a
-    # prefix hit leaves two: ms_atb/core/scheduler.py, chunk_size)
-    assert cached == [(len(p) - 2) // 16 * 16 for p in batch]
+    # every prompt's whole blocks come from the pool or the tier: only each prompt's last partial block is computed
+    assert cached == [(len(p) - 1) // 16 * 16 for p in batch]
     assert prefill_computed(batch, cached) < first / 3
 
 
@@ -85,7 +84,7 @@ def test_hits_across_processes(tmp_path, plain):
     assert tokens == reference and hits == 0 and written > 0
     tokens, cached, hits, written = process()
     assert tokens == reference and hits > 0 and written == 0
-    assert cached == [(len(p) - 2) // 16 * 16 for p in prompts(seed=5)]
+    assert cached == [(len(p) - 1) // 16 * 16 for p in prompts(seed=5)]
 
 
 @pytest.mark.parametrize("change", [dict(model_path="random:tiny-llama?seed=1"),

@@ -110,7 +110,7 @@ def test_int8_cache_parameters_and_greedy_tokens(llm):
 def cached_blocks(llm, tokens):
     """The blocks of the prefix cache holding `tokens` (whole blocks), found through the block manager."""
     bm = llm.scheduler.block_manager
-    hit = bm.allocate("probe", list(tokens) + [0, 0])      # a hit leaves the last two tokens to compute
+    hit = bm.allocate("probe", list(tokens) + [0])
     table = bm.block_table("probe")[:hit // bm.block_size]
     bm.free("probe")
     return table
@@ -144,7 +144,7 @@ def test_scales_follow_their_block_through_sharing_and_eviction(llm):
     assert len(blocks) == 3
     values, scales = block_contents(llm, blocks)
     assert (scales > 0).all() and np.abs(values).max() == 127     # every row written, each at full scale
-    # shared: a second request hits the first two blocks (the last two tokens are always computed) and reads them
+    # shared: a second request hits the first two blocks (the last token is always computed) and reads them
     again = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
     assert again.num_cached_tokens == 32 and again.token_ids == first.token_ids
     # evicted: other prompts fill the whole pool, the prompt's blocks are reused for other contents

@@ -74,18 +74,19 @@ def test_prefix_caching_on_and_off_give_identical_tokens(llm):
 
 
 def test_a_prefix_hit_gives_the_log_probabilities_of_recomputing_bit_for_bit(llm):
-    """Three shared blocks, then 2 to 7 tokens of each prompt's own: with the hit only those few rows are computed,
-    without it they sit at the end of a longer chunk. Every row comes out the same (the attention kernel's path is
-    the sequence's, not the chunk's): not only the tokens, the log-probabilities to the last bit."""
+    """Three shared blocks, then 1 to 7 tokens of each prompt's own: with the hit only those few rows are computed
+    (a lone last token beside the one before it), without it they sit at the end of a longer chunk. Every row comes
+    out the same (the attention kernel's path is the sequence's, not the chunk's): not only the tokens, the
+    log-probabilities to the last bit."""
     rng = np.random.default_rng(5)
     prefix = rng.integers(0, 500, 48).tolist()
-    prompts = [prefix + rng.integers(0, 500, k).tolist() for k in range(2, 8)]
+    prompts = [prefix + rng.integers(0, 500, k).tolist() for k in range(1, 8)]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=3)
     runs = {}
     for caching in (True, False):
         llm.reset_scheduler(enable_prefix_caching=caching)
         runs[caching] = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.num_cached_tokens for o in runs[True][1:]] == [48] * 5
+    assert [o.num_cached_tokens for o in runs[True][1:]] == [48] * 6
     assert tokens_of(runs[True]) == tokens_of(runs[False])
     assert [o.logprobs for o in runs[True]] == [o.logprobs for o in runs[False]]
     llm.reset_scheduler(enable_prefix_caching=True)

@@ -36,13 +36,10 @@ class NoFreeBlocksError(RuntimeError):
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16,
                  enable_prefix_caching: bool = False, allocation: str = "contiguous",
-                 placement: PlacementFactory | None = None, tier: PrefixTier | None = None,
-                 min_uncached: int = 1):
+                 placement: PlacementFactory | None = None, tier: PrefixTier | None = None):
         # placement: (num_blocks, block_size) -> a Placement, in place of the one `allocation` names;
-        # tier: blocks kept outside the pool, found by the pool's hashes (prefix caching on only);
-        # min_uncached: the prompt tokens a hit (pool or tier) always leaves to compute: at least the last, whose
-        # logits are sampled (the scheduler asks two: ms_atb/core/scheduler.py, chunk_size)
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("min_uncached", min_uncached)):
+        # tier: blocks kept outside the pool, found by the pool's hashes (prefix caching on only)
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         num_blocks, block_size = int(num_blocks), int(block_size)
@@ -51,7 +48,6 @@ class BlockManager:
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._caching = bool(enable_prefix_caching)
-        self._min_uncached = int(min_uncached)
         self._ref_counts = [0] * num_blocks
         if tier is not None and not self._caching:
             raise ValueError("a KV tier needs enable_prefix_caching: its blocks are found by the prefix cache's hashes")
@@ -103,8 +99,7 @@ class BlockManager:
         bs = self._block_size
         num_tokens = len(token_ids)
         lookup = self._caching and cache_lookup
-        hits, hashes = (self._prefix.lookup(token_ids, bs, extra_key, self._cacheable_blocks(num_tokens)) if lookup
-                        else ([], []))
+        hits, hashes = self._prefix.lookup(token_ids, bs, extra_key) if lookup else ([], [])
         num_new = -(-num_tokens // bs) - len(hits)
         assert num_new >= 1  # the block holding the last prompt token is always private
         revived = sum(1 for b in hits if self._ref_counts[b] == 0)
@@ -148,15 +143,11 @@ class BlockManager:
         c["contiguous_follow_blocks"] += sum(1 for i in range(1, len(table))
                                              if table[i] == table[i - 1] + 1)
 
-    def _cacheable_blocks(self, num_tokens: int) -> int:
-        """The leading whole blocks of a prompt of num_tokens that a hit may cover."""
-        return max(num_tokens - self._min_uncached, 0) // self._block_size
-
     def _fetch(self, req: KVRequest) -> int:
-        """Asks the tier for the leading blocks after req's pool hits (min_uncached tokens left to compute);
+        """Asks the tier for the leading blocks after req's pool hits (at least one token left to compute);
         returns how many it staged. Their hashes continue req's chain."""
         bs, tokens = self._block_size, req.token_ids
-        first, last = req.num_hashed, self._cacheable_blocks(len(tokens))
+        first, last = req.num_hashed, (len(tokens) - 1) // bs
         if first >= last:
             return 0
         hashes, parent = [], req.last_hash

@@ -77,16 +77,14 @@ class PrefixCache:
         chain = None if extra_key is None else (None, ("extra_key", extra_key))
         return hash_block(root_data(self._root, extra_key), (), self._key), chain
 
-    def lookup(self, token_ids, block_size: int, extra_key: str | None = None, max_blocks: int | None = None
+    def lookup(self, token_ids, block_size: int, extra_key: str | None = None
                ) -> tuple[list[int], list[bytes]]:
         """The cached blocks of the longest run of whole leading blocks of token_ids, and their hashes.
-        At least one token is left out, and at most max_blocks blocks are taken (None: no limit). A copy right
-        after the previous hit is taken first (contiguity), else the first copy (a live one when there is one);
-        each is checked by its tokens and its chain."""
+        At least one token is left out. A copy right after the previous hit is taken first (contiguity),
+        else the first copy (a live one when there is one); each is checked by its tokens and its chain."""
         hits, hashes = [], []
         parent, chain = self.root(extra_key)
-        limit = (len(token_ids) - 1) // block_size
-        for i in range(limit if max_blocks is None else min(limit, max_blocks)):
+        for i in range((len(token_ids) - 1) // block_size):
             chunk = tuple(token_ids[i * block_size:(i + 1) * block_size])
             parent = self.hash(parent, chunk)
             copies = self.copies.get(parent)

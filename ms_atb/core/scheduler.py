@@ -70,9 +70,9 @@ def chunk_size(remaining: int, budget: int, max_budget: int) -> int:
     A prompt row is never computed alone while its request has other rows to compute: the CPU attention kernel
     rounds a sequence's single query differently from the rows of a chunk (ops/paged_attention.cc, Tiled), so a
     row must take the same path however the prompt is cut. So a chunk of two or more remaining tokens is never one
-    token and never leaves one (a decode token, one remaining, is alone anyway), and a prefix hit leaves two
-    (BlockManager's min_uncached). A step cap under 4 tokens, where that rule could leave a request no chunk at
-    all, chunks freely."""
+    token and never leaves one (a decode token, one remaining, is alone anyway); a prefix hit that leaves only the
+    last prompt token computes it beside the token before it (Scheduler._rows). A step cap under 4 tokens, where
+    that rule could leave a request no chunk at all, chunks freely."""
     if remaining <= budget or remaining < 2 or max_budget < 4:
         return min(remaining, budget)
     num = min(budget, remaining - MIN_PREFILL_ROWS)
@@ -86,8 +86,7 @@ class Scheduler:
         num_blocks, block_size, max_model_len = config.num_blocks, config.block_size, config.max_model_len
         self.block_manager = BlockManager(
             num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching,
-            allocation="scattered" if config.allocation == "scattered" else "contiguous", tier=kv_tier,
-            min_uncached=MIN_PREFILL_ROWS)
+            allocation="scattered" if config.allocation == "scattered" else "contiguous", tier=kv_tier)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -162,14 +161,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = chunk_size(seq.num_tokens - seq.num_computed_tokens, budget, self.max_num_batched_tokens)
-            if num_new == 0:
+            if num_new == 0 or self._rows(seq, num_new) > budget:
                 i += 1
                 continue
             if not self._reserve(seq):
                 break                      # seq itself was preempted: it was the newest
-            self._add_to_step(step, seq, num_new)
+            budget -= self._add_to_step(step, seq, num_new)
             scheduled.add(id(seq))
-            budget -= num_new
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting()
@@ -197,9 +195,8 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             num_new = chunk_size(num_new, budget, self.max_num_batched_tokens)
-            if num_new:
-                self._add_to_step(step, seq, num_new)
-                budget -= num_new
+            if num_new and self._rows(seq, num_new) <= budget:
+                budget -= self._add_to_step(step, seq, num_new)
         if self.lora_slots is not None:
             step.lora_loads = self.lora_slots.take_loads()
         assert step.seqs or not self.has_unfinished(), "scheduler made no progress"
@@ -267,26 +264,38 @@ class Scheduler:
         if seq.lora_key is not None:
             self.lora_slots.release(seq.lora_key)
 
-    def _add_to_step(self, step: Step, seq: Sequence, num_new: int) -> None:
+    @staticmethod
+    def _rows(seq: Sequence, num_new: int) -> int:
+        """The step rows of seq's num_new new tokens: one more when they are its last prompt token alone (a prefix
+        hit left only it), so that it is not a lone prompt row (chunk_size): the token before it, whose KV is
+        cached, is computed again beside it into no slot (-1), and its output dropped."""
+        lone = num_new == 1 and 1 <= seq.num_computed_tokens == seq.num_prompt_tokens - 1
+        return num_new + 1 if lone else num_new
+
+    def _add_to_step(self, step: Step, seq: Sequence, num_new: int) -> int:
+        """Adds seq's next num_new tokens to the step; returns the rows they take (_rows)."""
         assert num_new > 0
         start = seq.num_computed_tokens
         end = start + num_new
+        rows = self._rows(seq, num_new)
+        first = end - rows                       # start, or the row before it computed again
         self.block_manager.commit(seq.request_id, end)
         table = self.block_manager.block_table(seq.request_id)
         bs = self.block_size
         step.seqs.append(seq)
         step.request_ids.append(seq.request_id)
-        step.num_scheduled_tokens.append(num_new)
-        step.token_ids.extend(seq.token_ids[start:end])
-        step.positions.extend(range(start, end))
-        step.slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        step.num_scheduled_tokens.append(rows)
+        step.token_ids.extend(seq.token_ids[first:end])
+        step.positions.extend(range(first, end))
+        step.slot_mapping.extend(table[p // bs] * bs + p % bs if p >= start else -1 for p in range(first, end))
         step.block_tables.append(table)
         step.context_lens.append(end)
-        step.query_start_loc.append(step.query_start_loc[-1] + num_new)
+        step.query_start_loc.append(step.query_start_loc[-1] + rows)
         step.sampled.append(end == seq.num_tokens)
         step.lora_slots.append(-1 if seq.lora_key is None else self.lora_slots.slot_of(seq.lora_key))
         seq.num_computed_tokens = end
-        self.num_computed_prompt_tokens += num_new
+        self.num_computed_prompt_tokens += rows
+        return rows
 
     # ---- results --------------------------------------------------------------------------
     def update(self, step: Step, sampled_token_ids: list[int | None], now: float | None = None
