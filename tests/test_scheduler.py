@@ -252,3 +252,12 @@ def test_a_hit_that_leaves_only_the_last_prompt_token_computes_it_beside_the_one
     assert second.num_cached_tokens == 8 and step.positions == [7, 8] and step.num_scheduled_tokens == [2]
     assert step.slot_mapping[0] == -1 and step.slot_mapping[1] >= 0
     assert step.query_start_loc == [0, 2] and step.context_lens == [9] and step.sampled == [True]
+
+
+def test_a_step_cap_of_one_token_still_finishes_prompts_that_hit_the_cache():
+    sched = Scheduler(SchedulerConfig(num_blocks=32, block_size=4, max_model_len=64, max_num_seqs=2,
+                                      max_num_batched_tokens=1, enable_prefix_caching=True))
+    seqs = make_seqs([1, 1, 1], [2, 2, 2], seed=4, prefix=[5] * 8)   # 9 tokens: a hit leaves the last alone
+    history = run(sched, seqs)
+    assert all(n == 1 for step in history for _, n in step)
+    assert any(s.num_cached_tokens == 8 for s in seqs)

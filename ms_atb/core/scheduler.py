@@ -264,13 +264,13 @@ class Scheduler:
         if seq.lora_key is not None:
             self.lora_slots.release(seq.lora_key)
 
-    @staticmethod
-    def _rows(seq: Sequence, num_new: int) -> int:
+    def _rows(self, seq: Sequence, num_new: int) -> int:
         """The step rows of seq's num_new new tokens: one more when they are its last prompt token alone (a prefix
         hit left only it), so that it is not a lone prompt row (chunk_size): the token before it, whose KV is
-        cached, is computed again beside it into no slot (-1), and its output dropped."""
+        cached, is computed again beside it into no slot (-1), and its output dropped. Not under a step cap below
+        4 tokens (chunk_size), where two rows might never fit."""
         lone = num_new == 1 and 1 <= seq.num_computed_tokens == seq.num_prompt_tokens - 1
-        return num_new + 1 if lone else num_new
+        return num_new + 1 if lone and self.max_num_batched_tokens >= 4 else num_new
 
     def _add_to_step(self, step: Step, seq: Sequence, num_new: int) -> int:
         """Adds seq's next num_new tokens to the step; returns the rows they take (_rows)."""
