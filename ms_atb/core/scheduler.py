@@ -294,7 +294,7 @@ class Scheduler:
         step.sampled.append(end == seq.num_tokens)
         step.lora_slots.append(-1 if seq.lora_key is None else self.lora_slots.slot_of(seq.lora_key))
         seq.num_computed_tokens = end
-        self.num_computed_prompt_tokens += rows
+        self.num_computed_prompt_tokens += num_new
         return rows
 
     # ---- results --------------------------------------------------------------------------

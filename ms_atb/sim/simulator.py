@@ -138,10 +138,13 @@ def simulate(cost_model: CostModel, requests: list[tuple[list[int], int]], mode:
         step = sched.schedule()
         dt = _step_seconds(cost_model, step, tier)
         held = waste = 0
+        row = 0
         for seq, n, ctx, table in zip(step.seqs, step.num_scheduled_tokens, step.context_lens,
                                       step.block_tables):
             p = seq.num_prompt_tokens
-            prompt_computed += min(ctx, p) - min(ctx - n, p)
+            new = n - (step.slot_mapping[row] < 0)   # a row into no slot recomputes a cached token beside a lone one
+            row += n
+            prompt_computed += min(ctx, p) - min(ctx - new, p)
             num_tokens = len(seq.token_ids)
             held += num_tokens
             waste += len(table) * block_size - num_tokens
