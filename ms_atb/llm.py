@@ -19,6 +19,7 @@ from ms_atb.engine.engine import Engine
 from ms_atb.engine.input_processor import InputProcessor, Prompt
 from ms_atb.engine.output_processor import OutputProcessor
 from ms_atb.engine.request import Request
+from ms_atb.engine.run import run_steps
 from ms_atb.engine.structured_outputs import StructuredOutputManager
 from ms_atb.outputs import RequestOutput
 from ms_atb.progress import progress_bar
@@ -75,8 +76,9 @@ class LLM:
                                                     cfg.model.activation_dtype, cfg.model.dtype)
         for note in notes:
             self._log(note)
-        if cfg.context.device == "cpu":
-            self._check_memory()
+        if cfg.context.device == "cpu":          # before any weight is read
+            memory_budget.check_engine_fits(cfg, self.model_config, self.num_blocks, self.kv_bytes_per_block,
+                                            self.weight_formats)
         self.generation_eos_ids = generation_eos_ids(cfg.model.path)
         self.tokenizer = (load_tokenizer(cfg.model.tokenizer) if cfg.model.tokenizer else
                           load_tokenizer(cfg.model.path, vocab_size=self.model_config.vocab_size))
@@ -120,10 +122,7 @@ class LLM:
         if kv.num_blocks != "auto":
             return kv.num_blocks
         budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
-        num_blocks = budget // self.kv_bytes_per_block
-        if num_blocks < 1:
-            raise ValueError(f"kv_cache.memory_budget {kv.memory_budget} holds no block of "
-                             f"{self.kv_bytes_per_block} bytes")
+        num_blocks = memory_budget.pool_blocks(budget, self.kv_bytes_per_block, kv.memory_budget)
         dtype = self.cache_dtype
         self._log(f"KV cache ({dtype}{' + float32 scales' if dtype == 'int8' else ''}): memory_budget "
                   f"{budget} bytes / {self.kv_bytes_per_block} bytes per block of {kv.block_size} tokens = "
@@ -143,25 +142,6 @@ class LLM:
     @property
     def sampler(self):
         return self.engine.sampler
-
-    def _check_memory(self) -> None:
-        """ValueError, before any weight is read, when the model's weights and KV cache cannot fit in the memory
-        this process may take (ms_atb/memory_budget.py)."""
-        cfg = self.config
-        kv, free = self.num_blocks * self.kv_bytes_per_block, _available_memory()
-        if free is not None and kv > free:
-            raise ValueError(f"the KV cache ({self.num_blocks} blocks, {kv / 2**30:.1f} GiB) does not fit in the "
-                             f"{free / 2**30:.1f} GiB of memory available; lower kv_cache.num_blocks or "
-                             f"kv_cache.memory_budget")
-        half = cfg.model.dtype in ("float16", "bfloat16")     # the CPU's linears are float32 panels either way
-        tp = cfg.parallel.tensor_parallel_size
-        weights = memory_budget.weight_bytes(self.model_config, tp, 2 if half else 4, packed=True,
-                                             formats=self.weight_formats)
-        what = f"the model {cfg.model.path!r} with {self.num_blocks} KV blocks"
-        if cfg.lora.enable_lora:      # the resident adapters' slots, held from the build on
-            weights += memory_budget.lora_bytes(self.model_config, tp, cfg.lora.max_loras, cfg.lora.max_lora_rank)
-            what += f" and {cfg.lora.max_loras} LoRA slots of rank {cfg.lora.max_lora_rank}"
-        memory_budget.check_fits(weights, kv, free, what)
 
     def build(self) -> None:
         """Builds the model runner and compiles (or loads) its graphs; a second call does nothing."""
@@ -293,35 +273,11 @@ class LLM:
                ) -> Iterator[tuple[Request, RequestOutput]]:
         """The run: requests admitted (all at once, or up to window ahead of their outputs), engine steps until
         every one is done; each output as it is made."""
-        engine, start = self.engine, time.perf_counter()
-        processor = OutputProcessor(self.tokenizer, deduplicate=engine.policy == "prefix")
-        engine.begin_run()
-        admit = Admission(engine, requests, processor, window, self.stop_token_ids,
+        processor = OutputProcessor(self.tokenizer, deduplicate=self.engine.policy == "prefix")
+        admit = Admission(self.engine, requests, processor, window, self.stop_token_ids,
                           [self.config.context.seed, self.input_processor.num_built])
-        bar = None
-        try:
-            admit.fill(start)
-            bar = progress_bar(total, progress, "req", "generate")
-            while engine.has_unfinished():
-                out = engine.step()
-                now = time.perf_counter()
-                finished = out.finished + engine.finish(processor.add_tokens(out.sampled), "stop", now)
-                engine.release(finished)
-                for request, output in processor.finish(finished):
-                    admit.in_flight -= 1
-                    if bar is not None:
-                        tokens = engine.num_sampled_tokens + processor.num_copied_tokens
-                        bar.update(1)
-                        bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):.1f} tok/s", refresh=False)
-                    yield request, output
-                admit.fill(now)
-        finally:
-            if bar is not None:
-                bar.close()
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            tokens = engine.num_sampled_tokens + processor.num_copied_tokens
-            self._run_stats = {"tokens_per_s": tokens / elapsed, "num_output_tokens": tokens, "elapsed_s": elapsed,
-                               "num_deduplicated": processor.num_deduplicated, **engine.usage_stats()}
+        return run_steps(self.engine, admit, processor, lambda: progress_bar(total, progress, "req", "generate"),
+                         self._run_stats)
 
     def beam_search(self, prompts, params, use_tqdm: bool = True):
         """Beam search (ms_atb.beam_search.BeamSearchParams); one BeamSearchOutput per prompt, in order."""
@@ -464,8 +420,3 @@ class LLM:
         if self.rank == 0 and os.environ.get("MS_ATB_QUIET") != "1":
             print(f"[ms_atb] {message}", flush=True)
 
-
-def _available_memory() -> int | None:
-    """Bytes of memory this process may still take: the least of MemAvailable and its cgroup limits' headroom,
-    or None where unknown."""
-    return memory_budget.available_bytes()

@@ -16,6 +16,8 @@ Rules:
      memory.limit_in_bytes - memory.usage_in_bytes), page cache that can be dropped (inactive_file) counted
      as free. None when nothing is known.
   3. The check is a floor, not a promise: activations, compiled graphs and load-time copies come on top.
+  4. kv_cache.num_blocks "auto" is kv_cache.memory_budget / bytes per block: a configured size, never the free
+     memory, so two engines in one process size alike.
 """
 from __future__ import annotations
 
@@ -164,3 +166,29 @@ def check_fits(weights: int, kv: int, available: int | None, what: str) -> None:
                      f"cache {kv / gib:.2f} GiB) but this process has {available / gib:.2f} GiB available "
                      f"(the least of MemAvailable and its cgroup's limit); use a smaller model, more "
                      f"tensor_parallel_size, float16, or fewer kv_cache.num_blocks")
+
+
+def pool_blocks(budget: int, bytes_per_block: int, configured_budget) -> int:
+    """Rule 4: the blocks a budget of `budget` bytes holds; ValueError when it holds none."""
+    num_blocks = budget // bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache.memory_budget {configured_budget} holds no block of {bytes_per_block} bytes")
+    return num_blocks
+
+
+def check_engine_fits(config, model_config, num_blocks: int, kv_bytes_per_block: int, formats: dict) -> None:
+    """ValueError, before any weight is read, when an engine's weights (its LoRA slots included) and KV cache
+    cannot fit in the memory this process may take. config: the EngineConfig; formats: its weight formats."""
+    kv, free = num_blocks * kv_bytes_per_block, available_bytes()
+    if free is not None and kv > free:
+        raise ValueError(f"the KV cache ({num_blocks} blocks, {kv / 2**30:.1f} GiB) does not fit in the "
+                         f"{free / 2**30:.1f} GiB of memory available; lower kv_cache.num_blocks or "
+                         f"kv_cache.memory_budget")
+    half = config.model.dtype in ("float16", "bfloat16")     # the CPU's linears are float32 panels either way
+    tp, lora = config.parallel.tensor_parallel_size, config.lora
+    weights = weight_bytes(model_config, tp, 2 if half else 4, packed=True, formats=formats)
+    what = f"the model {config.model.path!r} with {num_blocks} KV blocks"
+    if lora.enable_lora:      # the resident adapters' slots, held from the build on
+        weights += lora_bytes(model_config, tp, lora.max_loras, lora.max_lora_rank)
+        what += f" and {lora.max_loras} LoRA slots of rank {lora.max_lora_rank}"
+    check_fits(weights, kv, free, what)

@@ -84,14 +84,14 @@ def test_check_fits_names_weights_kv_and_what_there_is():
 
 
 def test_a_model_larger_than_memory_is_refused_before_any_weight_is_read(monkeypatch):
-    import ms_atb.llm
+    import ms_atb.memory_budget
     from ms_atb.models import weights
     from ms_atb.llm import LLM
 
     def no_read(*args, **kwargs):
         raise AssertionError("a weight was read")
     monkeypatch.setattr(weights, "iter_weights", no_read)
-    monkeypatch.setattr(ms_atb.llm, "_available_memory", lambda: 8 * GIB)
+    monkeypatch.setattr(ms_atb.memory_budget, "available_bytes", lambda: 8 * GIB)
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=r"random:tiny-llama\?vocab_size=40000000' with 64 KV blocks needs "
                                          r"19\.\d\d GiB of memory \(weights 19\.\d\d GiB, KV cache 0\.00 GiB\) "
@@ -106,7 +106,7 @@ def test_a_model_larger_than_memory_is_refused_before_any_weight_is_read(monkeyp
 
 def test_lora_bytes_is_what_the_slots_hold_and_the_check_counts_them(monkeypatch):
     import mindspore as ms
-    import ms_atb.llm
+    import ms_atb.memory_budget
     from ms_atb.formats.loader import PRESETS
     from ms_atb.llm import LLM
     from ms_atb.memory_budget import lora_bytes
@@ -115,7 +115,7 @@ def test_lora_bytes_is_what_the_slots_hold_and_the_check_counts_them(monkeypatch
     model = LlamaForCausalLM(config, num_blocks=4, block_size=16, dtype=ms.float32, device="cpu", lora=(3, 8))
     assert lora_bytes(config, 1, 3, 8) == sum(p.size * 4 for p in model.lora_parameters())
     # many big slots: refused before the build, the slots named
-    monkeypatch.setattr(ms_atb.llm, "_available_memory", lambda: 8 * GIB)
+    monkeypatch.setattr(ms_atb.memory_budget, "available_bytes", lambda: 8 * GIB)
     with pytest.raises(ValueError, match=r"and 64 LoRA slots of rank 4096 needs [\d.]+ GiB"):
         LLM(TINY, path="random:tiny-llama?hidden_size=4096&intermediate_size=8192&num_hidden_layers=4",
             enable_lora=True, max_loras=64, max_lora_rank=4096, num_blocks=16)

@@ -7,6 +7,7 @@
   structured_outputs  StructuredOutputManager: grammars (llguidance) checked, compiled once per constraint off the
                     step loop, masks filled while the model runs
   output_processor  sampled tokens -> text, stop strings, n samples, duplicates -> RequestOutput
+  admission, run    one run: its requests admitted, engine steps until each is done, each output as it is made
 
 The batch tool (ms_atb/batch) is a client of LLM and is never imported from here.
 """
