@@ -161,12 +161,14 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = chunk_size(seq.num_tokens - seq.num_computed_tokens, budget, self.max_num_batched_tokens)
-            if num_new == 0 or self._rows(seq, num_new) > budget:
+            rows = self._rows(seq, num_new)
+            if num_new == 0 or rows > budget:
                 i += 1
                 continue
             if not self._reserve(seq):
                 break                      # seq itself was preempted: it was the newest
-            budget -= self._add_to_step(step, seq, num_new)
+            self._add_to_step(step, seq, num_new, rows)
+            budget -= rows
             scheduled.add(id(seq))
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -195,8 +197,10 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             num_new = chunk_size(num_new, budget, self.max_num_batched_tokens)
-            if num_new and self._rows(seq, num_new) <= budget:
-                budget -= self._add_to_step(step, seq, num_new)
+            rows = self._rows(seq, num_new)
+            if num_new and rows <= budget:
+                self._add_to_step(step, seq, num_new, rows)
+                budget -= rows
         if self.lora_slots is not None:
             step.lora_loads = self.lora_slots.take_loads()
         assert step.seqs or not self.has_unfinished(), "scheduler made no progress"
@@ -272,12 +276,11 @@ class Scheduler:
         lone = num_new == 1 and 1 <= seq.num_computed_tokens == seq.num_prompt_tokens - 1
         return num_new + 1 if lone and self.max_num_batched_tokens >= 4 else num_new
 
-    def _add_to_step(self, step: Step, seq: Sequence, num_new: int) -> int:
-        """Adds seq's next num_new tokens to the step; returns the rows they take (_rows)."""
+    def _add_to_step(self, step: Step, seq: Sequence, num_new: int, rows: int) -> None:
+        """Adds seq's next num_new tokens to the step, in rows step rows (_rows)."""
         assert num_new > 0
         start = seq.num_computed_tokens
         end = start + num_new
-        rows = self._rows(seq, num_new)
         first = end - rows                       # start, or the row before it computed again
         self.block_manager.commit(seq.request_id, end)
         table = self.block_manager.block_table(seq.request_id)
@@ -295,7 +298,6 @@ class Scheduler:
         step.lora_slots.append(-1 if seq.lora_key is None else self.lora_slots.slot_of(seq.lora_key))
         seq.num_computed_tokens = end
         self.num_computed_prompt_tokens += num_new
-        return rows
 
     # ---- results --------------------------------------------------------------------------
     def update(self, step: Step, sampled_token_ids: list[int | None], now: float | None = None
