@@ -56,6 +56,9 @@ fi
 if [[ -z "${VIRTUAL_ENV:-}" && -x "$ROOT/.venv/bin/python" ]]; then
   export PATH="$ROOT/.venv/bin:$PATH"
 fi
+# msrun's workers report to its scheduler every MS_RETRY_INTERVAL_LOWER..UPPER seconds (MindSpore's default 3..5),
+# and a job waits for one report to start and for one to end: every second keeps both waits short.
+export MS_RETRY_INTERVAL_LOWER="${MS_RETRY_INTERVAL_LOWER:-1}" MS_RETRY_INTERVAL_UPPER="${MS_RETRY_INTERVAL_UPPER:-1}"
 command -v msrun >/dev/null || { echo "msrun_generate.sh: msrun not found (it comes with mindspore)" >&2; exit 2; }
 # Node 0 runs msrun's scheduler on the port: if another program holds it, msrun's workers would retry for
 # minutes (cluster_time_out) with the reason only in scheduler.log.

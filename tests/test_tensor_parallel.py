@@ -108,8 +108,9 @@ def free_port() -> int:
 
 def launch(command: list[str], log_dir, extra_env=None) -> subprocess.CompletedProcess:
     """Runs a launcher in its own process group; kills the whole group on timeout or when done."""
+    # Heartbeats every second, as scripts/msrun_generate.sh sets them: the job starts and ends without a 3-5 s wait.
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), MS_ATB_QUIET="1",
-               **(extra_env or {}))
+               MS_RETRY_INTERVAL_LOWER="1", MS_RETRY_INTERVAL_UPPER="1", **(extra_env or {}))
     for name in ("MS_WORKER_NUM", "MS_ROLE", "MS_NODE_ID", "RANK_ID"):
         env.pop(name, None)
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
