@@ -219,34 +219,45 @@ def test_paged_attention_spans_of_long_contexts_on_each_isa(library, cache):
 
 
 AVX512 = ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl")
+# Each QuantDot path's flags, whatever -march=native adds: a -mno- takes away what the host's own flags would
+# otherwise choose (on a VNNI host, BW without -mno-avx512vnni would build the VNNI path again).
+DOT_PATHS = {"vnni": (AVX512 + ("-mavx512vnni",), {"avx512f", "avx512bw", "avx512_vnni"}),
+             "bw": (AVX512 + ("-mno-avx512vnni",), {"avx512f", "avx512bw"}),
+             "f_only": (("-mavx512f", "-mno-avx512bw", "-mno-avx512vnni"), {"avx512f"})}
 _AVX512 = {}    # flags -> path of the library built with them
 
 
 def avx512_library(tmp_path_factory, flags, runs: bool) -> str:
     """The GEMM-shaped kernels built with `flags` (once a process: the builds take most of these tests' time).
-    A library this CPU cannot run is only compiled, at -O0: errors in the AVX-512 code (an intrinsic that needs
-    another flag fails when the always-inline intrinsic is inlined, at any -O) show all the same."""
+    A library this CPU runs holds QuantMatMul and QuantDot (quant_matmul.cc; PackedMatMul's AVX-512 tile is the
+    native build's). A library this CPU cannot run is only compiled, PackedMatMul too, at -O0: errors in the
+    AVX-512 code (an intrinsic that needs another flag fails when the always-inline intrinsic is inlined, at
+    any -O) show all the same."""
     key = flags + (() if runs else ("-O0",))
     if key not in _AVX512:
         path = tmp_path_factory.mktemp("avx512") / "kernels.so"
-        build.compile_library(path, key, sources=("matmul.cc", "quant_matmul.cc"))
+        sources = ("quant_matmul.cc",) if runs else ("matmul.cc", "quant_matmul.cc")
+        build.compile_library(path, key, sources=sources)
         assert build.is_complete_elf(path)
         _AVX512[key] = str(path)
     return _AVX512[key]
 
 
-@pytest.mark.parametrize("variant,flags,needs", [("bw", AVX512, {"avx512f", "avx512bw"}),
-                                                 ("vnni", AVX512 + ("-mavx512vnni",), {"avx512f", "avx512_vnni"}),
-                                                 ("f_only", ("-mavx512f",), {"avx512f"})])
-def test_avx512_quant_dot_compiles(tmp_path_factory, variant, flags, needs):
+@pytest.mark.parametrize("variant", sorted(DOT_PATHS))
+def test_avx512_quant_dot_compiles(tmp_path_factory, variant):
     """QuantDot's AVX-512 paths (VNNI dpbusd; BW maddubs + madd on 64 bytes; AVX-512F without BW: the AVX2
     integer path into zmm floats) build on any x86 CPU; they run, against the integer model, where the CPU
-    has the instructions."""
+    has the instructions. On a host with AVX-512 VNNI the native build is the VNNI path, flag for flag: its
+    installed library is the one checked."""
     import platform
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("AVX-512 is an x86 instruction set")
+    flags, needs = DOT_PATHS[variant]
     runs = needs <= _cpu_flags()
-    path = avx512_library(tmp_path_factory, flags, runs)
+    if variant == "vnni" and runs:
+        path = build.kernel_library()
+    else:
+        path = avx512_library(tmp_path_factory, flags, runs)
     if runs:
         lib = ctypes.CDLL(path)
         for fmt in sorted(DOT_KERNELS):
@@ -260,8 +271,9 @@ def test_avx512_gemm_paths_compile(tmp_path_factory):
     import platform
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("AVX-512 is an x86 instruction set")
-    runs = {"avx512f", "avx512bw"} <= _cpu_flags()
-    path = avx512_library(tmp_path_factory, AVX512, runs)
+    flags, needs = DOT_PATHS["bw"]          # one library with the BW QuantDot test
+    runs = needs <= _cpu_flags()
+    path = avx512_library(tmp_path_factory, flags, runs)
     if runs:
         lib = ctypes.CDLL(path)
         packed, w = packed_and_reference("q4_1", 64, 150, 9)
