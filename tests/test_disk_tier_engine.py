@@ -14,7 +14,7 @@ import pytest
 
 from ms_atb import LLM, SamplingParams
 from ms_atb.config import EngineConfig
-from engine_helpers import TINY_BUILD, TINY_CONFIG
+from engine_helpers import TINY_BUILD, TINY_CONFIG, with_buckets
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
@@ -26,10 +26,13 @@ def prompts(n=6, prefix_len=70, seed=0):
 
 
 def engine(disk=None, **keywords):
+    """A fresh tiny engine (with a tier in `disk`) that runs every step in one graph, its largest bucket: these
+    tests build about twenty engines, and a graph per bucket met would be most of their time."""
     settings = {**TINY_BUILD, **keywords}
     if disk is not None:
         settings["disk_cache_dir"] = str(disk)
-    return LLM(TINY_CONFIG, **settings)
+    llm = LLM(TINY_CONFIG, **settings)
+    return with_buckets(llm, [llm.runner.max_num_batched_tokens])
 
 
 def run(llm, batch, params=GREEDY):
