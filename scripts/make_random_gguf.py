@@ -18,6 +18,7 @@ Prints the file's path, size and parameter count.
 """
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -85,13 +86,20 @@ def random_blocks(rows: int, cols: int, qtype: str, rng) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+@functools.lru_cache(maxsize=4)
+def tokenizer_fields(source: str) -> tuple:
+    """(key, value, type, sub-type) of every tokenizer.* field of the GGUF file `source`: read once a process (the
+    49,152 tokens of SmolLM2's take seconds to parse)."""
+    from gguf import GGUFReader, GGUFValueType
+    return tuple((key, field.contents(), field.types[0],
+                  field.types[1] if field.types[0] == GGUFValueType.ARRAY else None)
+                 for key, field in GGUFReader(source).fields.items() if key.startswith("tokenizer."))
+
+
 def copy_tokenizer(writer, source: str) -> None:
     """Every tokenizer.* field of the GGUF file `source`, with its value types."""
-    from gguf import GGUFReader, GGUFValueType
-    for key, field in GGUFReader(source).fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub)
+    for key, value, vtype, sub in tokenizer_fields(source):
+        writer.add_key_value(key, value, vtype, sub)
 
 
 def write(path: str, shape: Shape, qtype: str, seed: int = 0, tokenizer: str | None = None) -> int:
