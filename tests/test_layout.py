@@ -188,6 +188,7 @@ def test_the_engine_never_imports_the_batch_tool():
 # ---- The docs: short README, paths and test names that exist, the generated config reference --------------------
 
 import fnmatch  # noqa: E402
+import functools  # noqa: E402
 import glob  # noqa: E402
 import io  # noqa: E402
 import re  # noqa: E402
@@ -259,8 +260,14 @@ def _comments_and_docstrings(path: str):
             in_block = end < 0
 
 
-def _texts():
-    """(file, line, text) of the docs' lines and of the code's comments and docstrings."""
+@functools.lru_cache(maxsize=1)
+def _texts() -> tuple:
+    """(file, line, text) of the docs' lines and of the code's comments and docstrings (read once: several
+    checks go over them)."""
+    return tuple(_each_text())
+
+
+def _each_text():
     for doc in DOCS:
         with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -319,6 +326,7 @@ def test_the_path_check_finds_paths_and_leaves_placeholders():
     assert not os.path.exists(os.path.join(ROOT, "ms_atb/ops/backends.py"))
 
 
+@functools.lru_cache(maxsize=None)
 def _test_names(path: str) -> dict[str, set[str]]:
     """Module-level names of a test file (functions, classes, assignments) -> the names inside each class."""
     with open(path, encoding="utf-8") as f:
