@@ -28,7 +28,7 @@ struct Item {
   int64_t seq, kv_begin, kv_end, q_begin, q_end;  // q_* index into the sequence's queries
   int64_t cost;
   // A span of a long context (decode items only): blocks [j_begin, j_end) of the table, its partial softmax
-  // written to slot `part` of Args::partials and combined after all items ran; part -1: the whole context.
+  // written to Args::partials from float `part` on and combined after all items ran; part -1: the whole context.
   int64_t j_begin = 0, j_end = INT64_MAX, part = -1;
 };
 

@@ -3,7 +3,9 @@ and the aot op's graph overhead.
 
 Kernel times call the compiled kernel directly (ctypes, the same function MindSpore calls);
 the overhead section times the op inside graph-mode Cells with static and dynamic shapes.
-Usage: python scripts/bench_attention.py [--repeat N] [--dtypes-only]
+Usage: python scripts/bench_attention.py [--repeat N] [--dtypes-only] [--long-context]
+--long-context: one decode row over 8,160 tokens with a float16 cache, a cache per layer of SmolLM2's 30 in turn
+(188 MB: read from memory, not from the CPU's caches, as in a model's step), per layer and per byte.
 """
 import argparse
 import ctypes
@@ -121,6 +123,23 @@ def bench_cache_dtypes(repeat, seqs=((1024, 1),) * 32):
     return times
 
 
+def bench_long_context(repeat, ctx=8160, layers=30):
+    """A decode row over ctx tokens (contiguous table, float16 cache), each call on the next layer's cache."""
+    rng = np.random.default_rng(0)
+    nb = (ctx + BS - 1) // BS
+    caches = [(rng.standard_normal((nb, BS, KVH, D)).astype(np.float16),
+               rng.standard_normal((nb, BS, KVH, D)).astype(np.float16)) for _ in range(layers)]
+    query = rng.standard_normal((1, H, D)).astype(np.float32)
+    rest = (np.arange(nb, dtype=np.int32)[None], np.array([ctx], np.int32), np.array([0, 1], np.int32),
+            np.array([D ** -0.5], np.float32), np.empty_like(query))
+    kernel = Kernel()
+    calls = [kernel(query, k, v, *rest) for k, v in caches]
+    seconds = time_call(lambda: sum(call() for call in calls), max(1, repeat // 10)) / layers
+    nbytes = ctx * KVH * D * 2 * 2
+    print(f"decode 1 row x ctx {ctx:,}, float16 cache, {layers} layers' caches in turn: {seconds * 1e6:.0f} us a layer, "
+          f"{nbytes / seconds / 1e9:.1f} GB/s of K/V")
+
+
 class Chain(nn.Cell):
     """n paged_attention calls in a row (each depending on the last), like n layers."""
 
@@ -157,8 +176,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--dtypes-only", action="store_true", help="only the cache-dtype table")
+    parser.add_argument("--long-context", action="store_true", help="only the long-context decode row")
     args = parser.parse_args()
     print(hardware())
+    if args.long_context:
+        bench_long_context(args.repeat)
+        return
     print(f"load average now: {os.getloadavg()[0]:.1f} (times are the best of 3 runs; a busy machine inflates them)")
     print(f"SmolLM2 shapes: {H} heads, {KVH} KV heads, head_dim {D}, block {BS}\n")
     print("decode 32 sequences x 1,024 tokens of context, scattered tables, float32 queries; 'vs float32' is "
