@@ -10,13 +10,9 @@
 // context_lens[b] tokens. Rows owned by no sequence are zero.
 // Work item = (sequence, tile of up to kQueryTile queries, kv heads): all query heads of a kv head
 // and all queries of the tile share one pass over K/V, with an online softmax per block (decode
-// rows) or per span of blocks (prefill tiles: RunItemTiled, paged_attention_tiled.h). A decode item over
-// more than kSpanBlocks blocks is cut into spans of equal length, at most kSpanBlocks blocks each, whose partial
-// softmaxes are combined after they all ran: one long sequence keeps every thread busy. A span covers every kv
-// head, so it reads its blocks' K and V rows front to back (a block's rows are its tokens' heads side by side);
-// only when the spans would be too few to share among the threads is each one cut by kv head too. The spans follow
-// from the context length alone, so a row's result depends on its context alone, never on the batch or the
-// thread count.
+// rows) or per span of blocks (prefill tiles: RunItemTiled, paged_attention_tiled.h). A decode row over a
+// long context is cut into spans whose partial softmaxes are combined after they all ran (PlanItems,
+// paged_attention_spans.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +23,7 @@
 #include <vector>
 
 #include "attention_rows.h"
+#include "paged_attention_spans.h"
 #include "paged_attention_tiled.h"
 #include "dtype.h"
 #include "gemm_tile.h"
@@ -37,27 +34,24 @@
 namespace {
 
 using ms_atb_paged::Args;
+using ms_atb_paged::CombineSpans;
 using ms_atb_paged::Item;
+using ms_atb_paged::PlanItems;
 using ms_atb_paged::RunItemTiled;
 using ms_atb_paged::ScalesAt;
 using ms_atb_paged::Scratch;
+using ms_atb_paged::Tiled;
 using ms_atb::AccumulateRows;
 using ms_atb::DotRows;
 using ms_atb::Rows;
 
 constexpr int64_t kQueryTile = 32;
-constexpr int64_t kSpanBlocks = 64;  // blocks of a decode span: 1,024 tokens at 16 a block
 // A decode row's pass over a long context is bound by memory latency: each kv head's rows of the block
 // kPrefetchBlocks ahead are asked into L2 (prefetcht1) as the head's rows of this block are read, a few lines at a
 // time. SmolLM2's shape over 8,160 tokens in DRAM, 2 threads (scripts/bench_attention.py --long-context): 0.69-0.75
 // ms a layer, against 0.96-0.99 ms with the whole next block asked into L1 at once or with no prefetch but the
 // hardware's (2 blocks ahead into L1: 1.15 ms; 16 into L2: 0.82-0.89 ms).
 constexpr int64_t kPrefetchBlocks = 8;
-
-// Floats of a span item's slot in Args::partials: (max, sum, acc [D]) for each of its rows.
-int64_t SlotFloats(const Args &a, const Item &it) {
-  return (it.kv_end - it.kv_begin) * (it.q_end - it.q_begin) * (a.H / a.KVH) * (a.D + 2);
-}
 
 // An item's rows, its pass over K/V done: normalised into out, or, for a span, as (max, sum, acc) into its slot of
 // a.partials for CombineSpans.
@@ -162,40 +156,6 @@ void RunItem(const Item &it, const Args &a, const float *query, const C *key_cac
   Finish(it, a, s, out);
 }
 
-// The rows of the spans items[first, first + n) of one (sequence, query tile, kv heads), in span order, into out:
-// max m = max of the spans' maxima, sum = sum of l_s e^(m_s - m), out = sum of acc_s e^(m_s - m) / sum.
-void CombineSpans(const Args &a, const Item *spans, int64_t n, float *out) {
-  const Item &it = spans[0];
-  const int64_t G = a.H / a.KVH, D = a.D, nq = it.q_end - it.q_begin, R = (it.kv_end - it.kv_begin) * nq * G;
-  const int64_t row0 = a.query_start_loc[it.seq] + it.q_begin;
-  std::vector<float> acc(D);
-  for (int64_t r = 0; r < R; ++r) {
-    float m = -INFINITY, l = 0.0f;
-    for (int64_t k = 0; k < n; ++k) m = std::max(m, a.partials[spans[k].part + r * (D + 2)]);
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t k = 0; k < n; ++k) {
-      const float *part = a.partials + spans[k].part + r * (D + 2);
-      if (part[1] == 0.0f) continue;  // no token of this span is visible to the row
-      const float w = ms_atb::ExpNonPositive(part[0] - m);
-      l += part[1] * w;
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[d] += part[2 + d] * w;
-    }
-    const int64_t g = r / (nq * G), i = r / G % nq, h = r % G;  // rows as RunItem lays them out
-    float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * (1.0f / l);
-  }
-}
-
-// The GEMM-tiled path takes every row of a sequence with two or more queries in the call (a prompt chunk), the
-// per-block path a sequence's single query (a decode token). The two round differently, so the choice hangs on the
-// sequence, never on how many of its rows share a tile: a prompt row comes out the same in any chunk of two or more
-// rows, which is what makes a prefix hit give the tokens of recomputing (the scheduler never computes a prompt row
-// of a longer prompt alone: ms_atb/core/scheduler.py, chunk_size).
-bool Tiled(const Item &it, const Args &a) {
-  return a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq] >= 2 && a.D % ms_atb::kTileCols == 0;
-}
-
 // items, then the spans' combinations (`spans`: the first item of each run of spans of one row group, and its
 // count).
 template <typename C>
@@ -213,57 +173,6 @@ void Run(const Args &a, const std::vector<Item> &items, const std::vector<std::p
   });
   pool.Run(static_cast<int64_t>(spans.size()),
            [&](int64_t i) { CombineSpans(a, items.data() + spans[i].first, spans[i].second, o); });
-}
-
-// Cuts item `it`, a decode row group over nblocks blocks, into its spans: equal ones of at most kSpanBlocks blocks,
-// over the item's kv heads together or (by_head) one kv head each. Each takes the next slot of Args::partials
-// (`parts` counts their floats); `spans` gets (first span, count) of each row group.
-void SplitSpans(const Args &a, const Item &it, int64_t nblocks, bool by_head, std::vector<Item> &split,
-                std::vector<std::pair<int64_t, int64_t>> &spans, int64_t &parts) {
-  const int64_t count = (nblocks + kSpanBlocks - 1) / kSpanBlocks, length = (nblocks + count - 1) / count;
-  const int64_t step = by_head ? 1 : it.kv_end - it.kv_begin;
-  for (int64_t g = it.kv_begin; g < it.kv_end; g += step) {
-    spans.emplace_back(static_cast<int64_t>(split.size()), count);
-    for (int64_t j = 0; j < nblocks; j += length) {
-      split.push_back({it.seq, g, g + step, it.q_begin, it.q_end, std::min(nblocks - j, length), j, j + length, parts});
-      parts += SlotFloats(a, split.back());
-    }
-  }
-}
-
-// The work items of the sequences (see the top of this file), the longest first, and the runs of spans of each
-// row group split over a long context (first item, count), those kept in order and after the others; their
-// partial results take `parts` floats of Args::partials.
-void PlanItems(const Args &a, std::vector<Item> &items, std::vector<std::pair<int64_t, int64_t>> &spans,
-               int64_t &parts) {
-  std::vector<Item> whole, split;
-  std::vector<std::pair<Item, int64_t>> long_items;  // (item, its blocks)
-  int64_t joint_spans = 0;
-  for (const Item &it : items) {
-    const int64_t nblocks = (a.context_lens[it.seq] - (a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq]) +
-                             it.q_end - 1) / a.BS + 1;
-    if (Tiled(it, a) || nblocks <= kSpanBlocks) {
-      whole.push_back(it);
-      continue;
-    }
-    long_items.emplace_back(it, nblocks);
-    joint_spans += (nblocks + kSpanBlocks - 1) / kSpanBlocks;
-  }
-  const int64_t threads = ms_atb::ThreadPool::Get().num_threads();
-  const bool by_head = static_cast<int64_t>(whole.size()) + joint_spans < 2 * threads;
-  for (const auto &[it, nblocks] : long_items) SplitSpans(a, it, nblocks, by_head, split, spans, parts);
-  // Few whole items: split them over kv heads too, so every thread has work.
-  if (static_cast<int64_t>(whole.size() + split.size()) < 4 * threads && a.KVH > 1) {
-    std::vector<Item> by_kv_head;
-    for (const Item &it : whole)
-      for (int64_t g = it.kv_begin; g < it.kv_end; ++g)
-        by_kv_head.push_back({it.seq, g, g + 1, it.q_begin, it.q_end, it.cost});
-    whole.swap(by_kv_head);
-  }
-  std::stable_sort(whole.begin(), whole.end(), [](const Item &x, const Item &y) { return x.cost > y.cost; });
-  for (auto &run : spans) run.first += static_cast<int64_t>(whole.size());
-  items = whole;
-  items.insert(items.end(), split.begin(), split.end());
 }
 
 int Fail(const char *msg) {

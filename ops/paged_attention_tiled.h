@@ -1,6 +1,7 @@
 // The pieces of PagedAttention (ops/paged_attention.cc) that its prefill tiles use: the work item, the
-// arguments, per-thread scratch, and RunItemTiled, which reads the cache in spans of whole blocks and
-// multiplies them with the register tile of gemm_tile.h. Included by paged_attention.cc only.
+// arguments, per-thread scratch, which sequences take the tiled path (Tiled), and RunItemTiled, which reads
+// the cache in spans of whole blocks and multiplies them with the register tile of gemm_tile.h. Included by
+// paged_attention.cc and paged_attention_spans.h only.
 #ifndef MS_ATB_OPS_PAGED_ATTENTION_TILED_H_
 #define MS_ATB_OPS_PAGED_ATTENTION_TILED_H_
 
@@ -198,6 +199,15 @@ void RunItemTiled(const Item &it, const Args &a, const float *query, const C *ke
         float *dst = out + ((row0 + i) * a.H + (it.kv_begin + g) * G + h) * D;
         for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
       }
+}
+
+// The GEMM-tiled path takes every row of a sequence with two or more queries in the call (a prompt chunk), the
+// per-block path a sequence's single query (a decode token). The two round differently, so the choice hangs on the
+// sequence, never on how many of its rows share a tile: a prompt row comes out the same in any chunk of two or more
+// rows, which is what makes a prefix hit give the tokens of recomputing (the scheduler never computes a prompt row
+// of a longer prompt alone: ms_atb/core/scheduler.py, chunk_size).
+inline bool Tiled(const Item &it, const Args &a) {
+  return a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq] >= 2 && a.D % ms_atb::kTileCols == 0;
 }
 
 }  // namespace ms_atb_paged
