@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_decode.h"
 #include "attention_rows.h"
 #include "paged_attention_spans.h"
 #include "paged_attention_tiled.h"
@@ -122,6 +123,20 @@ void RunItem(const Item &it, const Args &a, const float *query, const C *key_cac
             __builtin_prefetch(value_cache + ahead + t * kv_stride + e, 0, 2);
           }
       }
+#if defined(__AVX512F__)
+      // A sequence's only query row of the step (a decode row) runs in registers (attention_decode.h); which
+      // path a row takes follows its sequence alone, as the tiled path's choice does.
+      if (seq_q == 1 && D % 16 == 0) {
+        const float *k_scales = ScalesAt(a.key_scales, offset, D), *v_scales = ScalesAt(a.value_scales, offset, D);
+        for (int64_t t = 0; t < ntok; t += 16)
+          ms_atb::DecodeBlock(s.q.data() + g * RG * D, G, D, key_cache + offset + t * kv_stride,
+                              k_scales ? k_scales + t * a.KVH : nullptr, value_cache + offset + t * kv_stride,
+                              v_scales ? v_scales + t * a.KVH : nullptr, kv_stride, a.KVH,
+                              std::min<int64_t>(16, ntok - t), s.m.data() + g * RG, s.l.data() + g * RG,
+                              s.acc.data() + g * RG * D);
+        continue;
+      }
+#endif
       int64_t ks, vs;
       const float *k = Rows(key_cache + offset, ScalesAt(a.key_scales, offset, D), a.KVH, ntok, kv_stride, D, s.k, &ks);
       const float *v =

@@ -1,6 +1,6 @@
-"""The GEMM-shaped kernels on every instruction-set path this CPU can run, not only the one -march=native
-picks: the kernel library is rebuilt without AVX-512 (the AVX2 6 x 16 tile) and without AVX2/FMA (the
-portable tile), and PackedMatMul, QuantMatMul (each weight format, its register GEMV and its tile), QuantDot (int8 activations:
+"""The GEMM-shaped kernels on every instruction-set path this CPU can run: the kernel library is rebuilt
+without AVX-512 (the AVX2 6 x 16 tile) and without AVX2/FMA (the portable tile), the installed one on an
+AVX-512 host, and PackedMatMul, QuantMatMul (each weight format, its register GEMV and its tile), QuantDot (int8 activations:
 each weight format's integer dot products, 1 to 33 rows),
 PagedAttention (decode and GEMM-tiled prefill items, over float32,
 float16, bfloat16 and int8 caches, whose rows each path converts as it reads them) and ReshapeAndCache
@@ -31,12 +31,16 @@ def _cpu_flags() -> set:
 _BUILT = {}     # variant -> library: a build takes a minute, and pytest may set the fixture up more than once
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
+@pytest.fixture(scope="module", params=sorted(VARIANTS) + ["native"])
 def library(request, tmp_path_factory):
     flags = _cpu_flags()
     if request.param == "avx2" and not {"avx2", "fma"} <= flags:
         pytest.skip("the CPU has no AVX2/FMA")
-    if request.param not in _BUILT:
+    if request.param == "native" and "avx512f" not in flags:
+        pytest.skip("without AVX-512 the native build is the AVX2 variant")
+    if request.param == "native":
+        _BUILT.setdefault("native", ctypes.CDLL(build.kernel_library()))     # the AVX-512 paths, installed
+    elif request.param not in _BUILT:
         if request.param == "avx2" and "avx512f" not in flags:
             # Without AVX-512 the native build is the AVX2 path, flag for flag: test the installed library.
             _BUILT["avx2"] = ctypes.CDLL(build.kernel_library())
