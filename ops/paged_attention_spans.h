@@ -95,8 +95,8 @@ inline void PlanItems(const Args &a, std::vector<Item> &items, std::vector<std::
   // 110-146 us a call with 2 heads an item, 132-208 us with one; faster in 9 rounds of 10).
   if (static_cast<int64_t>(whole.size() + split.size()) < 4 * threads && a.KVH > 1 && !whole.empty()) {
     const int64_t n = static_cast<int64_t>(whole.size());
-    const int64_t parts = std::min<int64_t>(a.KVH, (2 * threads + n - 1) / n);
-    const int64_t width = (a.KVH + parts - 1) / parts;
+    const int64_t pieces = std::min<int64_t>(a.KVH, (2 * threads + n - 1) / n);
+    const int64_t width = (a.KVH + pieces - 1) / pieces;
     std::vector<Item> by_kv_heads;
     for (const Item &it : whole)
       for (int64_t g = it.kv_begin; g < it.kv_end; g += width)
