@@ -1,8 +1,7 @@
 // The int8-activation path of QuantMatMul (QuantDot<F> of ops/quant_matmul.cc): x is quantized per row and per
 // block of 32 k, and each weight block meets it in integer dot products (AVX2: maddubs + madd; AVX-512BW:
 // the same on 64 bytes; AVX-512 VNNI: dpbusd; portable: plain loops), scaled to float32 once per block.
-//   x block: d_x = max |x| / 127, q_x = round(x / d_x) (float32 division, nearest even; d_x = 0: q_x = 0),
-//            s_x = sum of q_x over the block.
+//   x block: d_x, its quants q_x and their sum s_x, as quant_rows.h makes them.
 //   per block of a column, i = sum over the block's k of q_w * q_x (int32, exact):
 //     Q8_0: y += (d_w * d_x) * i
 //     Q4_0: y += (d_w * d_x) * (i - 8 s_x)      (q_w: the nibble; the -8 offset through s_x, exactly)
@@ -24,46 +23,12 @@
 #include <vector>
 
 #include "quant_gemv.h"
+#include "quant_rows.h"
 
 namespace ms_atb {
 namespace dot {
 
 using gemv::Vec;
-
-// The quantized rows of x: q [rows][kq] (kq = ceil(K / 32) 32, zero past K), d and s [rows][kq / 32].
-struct QuantRows {
-  const int8_t *q;
-  const float *d;
-  const int32_t *s;
-  int64_t kq;
-};
-
-// One row of x [K] into q [kq], d and s [kq / 32]. Plain loops the compiler vectorises (no libm calls).
-inline void QuantizeRow(const float *x, int64_t K, int8_t *q, float *d, int32_t *s) {
-  for (int64_t k0 = 0, b = 0; k0 < K; k0 += kQuantBlock, ++b) {
-    const int64_t n = K - k0 < kQuantBlock ? K - k0 : kQuantBlock;
-    float xb[kQuantBlock] = {};  // the block, zero past K
-    std::memcpy(xb, x + k0, sizeof(float) * n);
-    float amax = 0.0f;
-#pragma omp simd reduction(max : amax)
-    for (int k = 0; k < kQuantBlock; ++k) {
-      const float a = xb[k] < 0.0f ? -xb[k] : xb[k];
-      amax = a > amax ? a : amax;
-    }
-    const float db = amax / 127.0f;
-    const float div = db > 0.0f ? db : 1.0f;  // d_x = 0: every x is 0 and so is every q
-    int32_t sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int k = 0; k < kQuantBlock; ++k) {
-      float v = std::nearbyint(xb[k] / div);
-      v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;  // |x| / d_x rounds to at most 127
-      q[k0 + k] = static_cast<int8_t>(v);
-      sum += static_cast<int32_t>(v);
-    }
-    d[b] = db;
-    s[b] = sum;
-  }
-}
 
 // Ints: 16 int32 sums, one a column; Group: 64 weight bytes (16 columns x 4 k). Their operations, per ISA.
 #if defined(__AVX512BW__)
@@ -220,16 +185,19 @@ inline int32_t Four(const int8_t *q) {  // 4 quants of x as one 32-bit lane
   return v;
 }
 
-// One block's integer sums for MR rows: sum[r][c] = sum over the block's k of q_w[k][c] * q_x[r][k] (Q4: the
-// nibbles; the Q4_0 offset and the scales come after). q: the block's quants; xb[r]: row r's 32 quants.
+// One block's integer sums for MR rows and NP panels: sum[r][p][c] = sum over the block's k of q_w[k][c] * q_x[r][k]
+// (Q4: the nibbles; the Q4_0 offset and the scales come after). q[p]: panel p's block quants; xb[r]: row r's 32
+// quants. A row's x is loaded once for all NP panels, each panel's weights once for all MR rows.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 // AVX2, written for its 16 registers: a row's sums of both 8-column halves stay in registers while a group's
 // weight bytes are prepared once for all rows (low nibbles, then high ones), and the products of a group go
 // straight into the sums.
 inline void Chain(__m256i &v) { asm("" : "+x"(v)); }     // as Chain(Ints &)
 
-template <QuantFormat F, int MR>
-inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
+template <QuantFormat F, int MR, int NP>
+inline void BlockSums(const uint8_t *const *qs, const int8_t *const *xb, Ints (*sums)[NP]) {
+  static_assert(NP == 1, "AVX2's 16 registers hold one panel's sums");
+  const uint8_t *q = qs[0];
   const __m256i one = _mm256_set1_epi16(1);
   __m256i s0[MR], s1[MR];  // columns 0..7, 8..15
   for (int r = 0; r < MR; ++r) s0[r] = s1[r] = _mm256_setzero_si256();
@@ -258,7 +226,7 @@ inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
         Chain(s1[r]);
       }
     }
-    for (int r = 0; r < MR; ++r) sum[r] = {_mm256_madd_epi16(s0[r], one), _mm256_madd_epi16(s1[r], one)};
+    for (int r = 0; r < MR; ++r) sums[r][0] = {_mm256_madd_epi16(s0[r], one), _mm256_madd_epi16(s1[r], one)};
   } else {
     // Signed weights: |w| unsigned, x given w's sign; a pair is at most 2 x 127 x 127, widened at once.
     for (int g = 0; g < kQuantBlock / 4; ++g) {
@@ -273,79 +241,127 @@ inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
         Chain(s1[r]);
       }
     }
-    for (int r = 0; r < MR; ++r) sum[r] = {s0[r], s1[r]};
+    for (int r = 0; r < MR; ++r) sums[r][0] = {s0[r], s1[r]};
   }
 }
 #else
-template <QuantFormat F, int MR>
-inline void BlockSums(const uint8_t *q, const int8_t *const *xb, Ints *sum) {
-  for (int r = 0; r < MR; ++r) sum[r] = IntsZero();
+template <QuantFormat F, int MR, int NP>
+inline void BlockSums(const uint8_t *const *q, const int8_t *const *xb, Ints (*sum)[NP]) {
+  for (int r = 0; r < MR; ++r)
+    for (int p = 0; p < NP; ++p) sum[r][p] = IntsZero();
   if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
     for (int g = 0; g < kQuantBlock / 4; ++g) {
-      const Signed w = PrepareSigned(Load(q + 64 * g));
-      for (int r = 0; r < MR; ++r) {
-        sum[r] = DotSigned(sum[r], w, Four(xb[r] + 4 * g));
-        Chain(sum[r]);
-      }
+      Signed w[NP];
+      for (int p = 0; p < NP; ++p) w[p] = PrepareSigned(Load(q[p] + 64 * g));
+      for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < NP; ++p) {
+          sum[r][p] = DotSigned(sum[r][p], w[p], Four(xb[r] + 4 * g));
+          Chain(sum[r][p]);
+        }
     }
   } else {
     // Nibble pairs: at most 3810 each, 30480 for a block's 8 in int16 (Pairs) before one widening a block.
-    Pairs pairs[MR];
-    for (int r = 0; r < MR; ++r) pairs[r] = PairsZero();
+    Pairs pairs[MR][NP];
+    for (int r = 0; r < MR; ++r)
+      for (int p = 0; p < NP; ++p) pairs[r][p] = PairsZero();
     for (int g = 0; g < kQuantBlock / 8; ++g) {
-      const Group w = Load(q + 64 * g), lo = LowNibbles(w), hi = HighNibbles(w);
-      for (int r = 0; r < MR; ++r) {
-        pairs[r] = MulAddPairs(pairs[r], lo, Four(xb[r] + 4 * g));
-        Chain(pairs[r]);
-        pairs[r] = MulAddPairs(pairs[r], hi, Four(xb[r] + 16 + 4 * g));
-        Chain(pairs[r]);
+      Group lo[NP], hi[NP];
+      for (int p = 0; p < NP; ++p) {
+        const Group w = Load(q[p] + 64 * g);
+        lo[p] = LowNibbles(w);
+        hi[p] = HighNibbles(w);
       }
+      for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < NP; ++p) {
+          pairs[r][p] = MulAddPairs(pairs[r][p], lo[p], Four(xb[r] + 4 * g));
+          Chain(pairs[r][p]);
+          pairs[r][p] = MulAddPairs(pairs[r][p], hi[p], Four(xb[r] + 16 + 4 * g));
+          Chain(pairs[r][p]);
+        }
     }
-    for (int r = 0; r < MR; ++r) sum[r] = Widen(pairs[r]);
+    for (int r = 0; r < MR; ++r)
+      for (int p = 0; p < NP; ++p) sum[r][p] = Widen(pairs[r][p]);
   }
 }
 #endif
 
-// Blocks [b0, b1) of one panel times MR rows of x (rows r of xq from row0), added to acc[r] (16 columns each).
-template <QuantFormat F, int MR>
-void PanelBlocks(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t b0, int64_t b1, Vec *acc) {
-  const uint8_t *blocks = panel + QuantHeaderBytes(F);
+// Panels a tile of many rows takes at a time: AVX-512's 32 registers hold the sums of 4 rows x 2 panels, so x's
+// broadcasts serve two panels and there are twice as many independent chains of dot products.
+#if defined(__AVX512F__)
+constexpr int kDotPanels = 2;
+#else
+constexpr int kDotPanels = 1;
+#endif
+
+// Blocks [b0, b1) of NP panels (panel[p]) times MR rows of x (rows r of xq from row0), added to acc[r][p].
+template <QuantFormat F, int MR, int NP>
+void PanelBlocks(const QuantRows &xq, int64_t row0, const uint8_t *const *panel, int64_t b0, int64_t b1,
+                 Vec (*acc)[NP]) {
   const int64_t nbx = xq.kq / kQuantBlock;
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t *blk = blocks + b * QuantBlockBytes(F);
+    const uint8_t *blk[NP], *quants[NP];
+    for (int p = 0; p < NP; ++p) {
+      blk[p] = panel[p] + QuantHeaderBytes(F) + b * QuantBlockBytes(F);
+      quants[p] = blk[p] + QuantsAt(F);
+    }
     const int8_t *xb[MR];
     for (int r = 0; r < MR; ++r) xb[r] = xq.q + (row0 + r) * xq.kq + b * kQuantBlock;
-    Ints sum[MR];
-    BlockSums<F, MR>(blk + QuantsAt(F), xb, sum);
+    Ints sum[MR][NP];
+    BlockSums<F, MR, NP>(quants, xb, sum);
     if constexpr (F == QuantFormat::kInt8) {
       for (int r = 0; r < MR; ++r)
-        acc[r] = gemv::Fma(ToVec(sum[r]), gemv::Splat(xq.d[(row0 + r) * nbx + b]), acc[r]);
+        for (int p = 0; p < NP; ++p)
+          acc[r][p] = gemv::Fma(ToVec(sum[r][p]), gemv::Splat(xq.d[(row0 + r) * nbx + b]), acc[r][p]);
     } else {
-      const Vec dw = gemv::Halves(blk), mw = F == QuantFormat::kQ4_1 ? gemv::Halves(blk + 32) : dw;
+      Vec dw[NP], mw[NP];
+      for (int p = 0; p < NP; ++p) {
+        dw[p] = gemv::Halves(blk[p]);
+        mw[p] = F == QuantFormat::kQ4_1 ? gemv::Halves(blk[p] + 32) : dw[p];
+      }
       for (int r = 0; r < MR; ++r) {
         const int64_t i = (row0 + r) * nbx + b;
-        if constexpr (F == QuantFormat::kQ4_0) sum[r] = AddInt(sum[r], -8 * xq.s[i]);
-        acc[r] = gemv::Fma(ToVec(sum[r]), gemv::Mul(dw, gemv::Splat(xq.d[i])), acc[r]);
-        if constexpr (F == QuantFormat::kQ4_1)
-          acc[r] = gemv::Fma(mw, gemv::Splat(xq.d[i] * static_cast<float>(xq.s[i])), acc[r]);
+        for (int p = 0; p < NP; ++p) {
+          if constexpr (F == QuantFormat::kQ4_0) sum[r][p] = AddInt(sum[r][p], -8 * xq.s[i]);
+          acc[r][p] = gemv::Fma(ToVec(sum[r][p]), gemv::Mul(dw[p], gemv::Splat(xq.d[i])), acc[r][p]);
+          if constexpr (F == QuantFormat::kQ4_1)
+            acc[r][p] = gemv::Fma(mw[p], gemv::Splat(xq.d[i] * static_cast<float>(xq.s[i])), acc[r][p]);
+        }
       }
     }
   }
 }
 
-// Blocks [b0, b1) of one panel times MR rows into y[r * ldy ... + 16]: the sums so far are read from y unless
-// the range starts at block 0, and an Int8 panel's column scales applied when it ends at the last block nb.
-// Each column's sum is one float chain in block order however the blocks are split.
-template <QuantFormat F, int MR>
-void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t b0, int64_t b1, int64_t nb, float *y,
-               int64_t ldy) {
-  Vec acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = b0 == 0 ? gemv::Zero() : gemv::LoadFloats(reinterpret_cast<uint8_t *>(y + r * ldy));
-  PanelBlocks<F, MR>(xq, row0, panel, b0, b1, acc);
-  for (int r = 0; r < MR; ++r) {
-    if constexpr (F == QuantFormat::kInt8)
-      if (b1 == nb) acc[r] = gemv::Mul(acc[r], gemv::LoadFloats(panel));
-    gemv::Store(y + r * ldy, acc[r]);
+// Blocks [b0, b1) of NP panels (panel, panel + panel_bytes, ...) times MR rows into y[r * ldy + p * ldp ... + 16]:
+// the sums so far are read from y unless the range starts at block 0, and an Int8 panel's column scales applied
+// when it ends at the last block nb. Each column's sum is one float chain in block order however the blocks are
+// split.
+template <QuantFormat F, int MR, int NP>
+void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t panel_bytes, int64_t b0, int64_t b1,
+               int64_t nb, float *y, int64_t ldy, int64_t ldp) {
+  const uint8_t *panels[NP];
+  Vec acc[MR][NP];
+  for (int p = 0; p < NP; ++p) panels[p] = panel + p * panel_bytes;
+  for (int r = 0; r < MR; ++r)
+    for (int p = 0; p < NP; ++p)
+      acc[r][p] = b0 == 0 ? gemv::Zero() : gemv::LoadFloats(reinterpret_cast<uint8_t *>(y + r * ldy + p * ldp));
+  PanelBlocks<F, MR, NP>(xq, row0, panels, b0, b1, acc);
+  for (int r = 0; r < MR; ++r)
+    for (int p = 0; p < NP; ++p) {
+      if constexpr (F == QuantFormat::kInt8)
+        if (b1 == nb) acc[r][p] = gemv::Mul(acc[r][p], gemv::LoadFloats(panels[p]));
+      gemv::Store(y + r * ldy + p * ldp, acc[r][p]);
+    }
+}
+
+// Up to 4 rows (n) of NP panels: PanelRows with the row count a template argument.
+template <QuantFormat F, int NP>
+void PanelRowsUpTo4(int64_t n, const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t panel_bytes,
+                    int64_t b0, int64_t b1, int64_t nb, float *y, int64_t ldy, int64_t ldp) {
+  switch (n) {
+    case 1: PanelRows<F, 1, NP>(xq, row0, panel, panel_bytes, b0, b1, nb, y, ldy, ldp); break;
+    case 2: PanelRows<F, 2, NP>(xq, row0, panel, panel_bytes, b0, b1, nb, y, ldy, ldp); break;
+    case 3: PanelRows<F, 3, NP>(xq, row0, panel, panel_bytes, b0, b1, nb, y, ldy, ldp); break;
+    default: PanelRows<F, 4, NP>(xq, row0, panel, panel_bytes, b0, b1, nb, y, ldy, ldp); break;
   }
 }
 
@@ -371,17 +387,16 @@ void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, i
     const int64_t t1 = std::min(p1, t0 + tile);
     for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
       const int64_t b1 = std::min(nb, b0 + chunk);
-      for (int64_t p = t0; p < t1; ++p) {
+      for (int64_t p = t0, np = 1; p < t1; p += np) {
+        np = t1 - p >= kDotPanels ? kDotPanels : 1;
         const uint8_t *panel = w + p * panel_bytes;
         for (int64_t r = r0; r < r1; r += 4) {
           float *yr = tiled ? sums.data() + ((p - t0) * rows + r - r0) * kQuantPanel : y + r * ldy + p * kQuantPanel;
-          const int64_t ld = tiled ? kQuantPanel : ldy;
-          switch (r1 - r < 4 ? r1 - r : 4) {
-            case 1: PanelRows<F, 1>(xq, r, panel, b0, b1, nb, yr, ld); break;
-            case 2: PanelRows<F, 2>(xq, r, panel, b0, b1, nb, yr, ld); break;
-            case 3: PanelRows<F, 3>(xq, r, panel, b0, b1, nb, yr, ld); break;
-            default: PanelRows<F, 4>(xq, r, panel, b0, b1, nb, yr, ld); break;
-          }
+          const int64_t ld = tiled ? kQuantPanel : ldy, ldp = tiled ? rows * kQuantPanel : kQuantPanel;
+          if (np == kDotPanels)
+            PanelRowsUpTo4<F, kDotPanels>(r1 - r, xq, r, panel, panel_bytes, b0, b1, nb, yr, ld, ldp);
+          else
+            PanelRowsUpTo4<F, 1>(r1 - r, xq, r, panel, panel_bytes, b0, b1, nb, yr, ld, ldp);
         }
       }
     }

@@ -125,3 +125,19 @@ def test_dot_quantizes_x_as_the_model_does(lib, m):
     y = call_dot(lib, "int8", x, quantize_int8(np.eye(k, dtype=np.float32), activations="int8"))
     q, d, _ = quantize_rows(x)
     np.testing.assert_allclose(y, (q * d[..., None]).reshape(m, k), rtol=1e-6, atol=0)
+
+
+def test_dot_quantizes_ties_to_even_and_partial_blocks(lib):
+    """Quotients exactly halfway round to the even integer (d_x = 1 and 0.5 make x / d_x exact), a block past K
+    is zero-padded, and an all-zero block quantizes to zero: the kernel's quants equal the numpy model's."""
+    from quant_dot_reference import quantize_rows
+    from ms_atb.ops.quant_matmul import quantize_int8
+    k = 48                                                            # one whole block and 16 of the next
+    x = np.zeros((2, k), np.float32)
+    x[0, :8] = [127.0, 2.5, -2.5, 3.5, -0.5, 0.5, 1.5, 126.5]          # d_x = 1
+    x[0, 32:37] = [63.5, 0.25, 0.75, -0.25, -1.25]                     # d_x = 0.5: 0.5, 1.5, -0.5, -2.5
+    x[1, 32:34] = [-127.0, 8.5]                                       # row 1: a zero block, then d_x = 1
+    q, d, _ = quantize_rows(x)
+    assert q[0, 0, :8].tolist() == [127, 2, -2, 4, 0, 0, 2, 126] and q[0, 1, :5].tolist() == [127, 0, 2, 0, -2]
+    y = call_dot(lib, "int8", x, quantize_int8(np.eye(k, dtype=np.float32), activations="int8"))
+    np.testing.assert_allclose(y, (q * d[..., None]).reshape(2, -1)[:, :k], rtol=1e-6, atol=0)
