@@ -365,13 +365,22 @@ void PanelRowsUpTo4(int64_t n, const QuantRows &xq, int64_t row0, const uint8_t 
   }
 }
 
-constexpr int64_t kDotChunkBlocks = 8;   // blocks of k a pass of many rows takes: 256 k, 2.3-4.3 KiB a panel
-constexpr int64_t kDotTileBytes = 16 << 10;   // the most sums a pass of many rows keeps: 64 rows x 4 panels
+// A pass of many rows: at most kDotRows rows (an item's row block), k in chunks of kDotChunkBlocks blocks, and at
+// most kDotTileBytes of sums. AVX-512 (measured on Zen 4) takes longer chunks of fewer rows: each tile's call
+// then runs twice as many blocks, and x's chunk is the same 16 KiB.
+#if defined(__AVX512F__)
+constexpr int64_t kDotRows = 32;
+constexpr int64_t kDotChunkBlocks = 16;  // 512 k: 4.6-8.7 KiB of a panel
+#else
+constexpr int64_t kDotRows = 64;
+constexpr int64_t kDotChunkBlocks = 8;   // 256 k: 2.3-4.3 KiB of a panel
+#endif
+constexpr int64_t kDotTileBytes = 16 << 10;
 
 // Panels [p0, p1) times rows [r0, r1) of x; y: row 0, column 0 of the output. With more than one group of 4
 // rows, the panels go a few at a time, their sums for every row (within kDotTileBytes) kept in a contiguous
 // buffer (y's rows, N floats apart, would meet in the same cache sets), and k in chunks of kDotChunkBlocks
-// blocks: a chunk of every row's quants (at most 64 rows: 16 KiB) and the sums stay in L1 while the panels'
+// blocks: a chunk of every row's quants (16 KiB) and the sums stay in L1-L2 while the panels'
 // chunks pass, each read once for all the groups of rows.
 template <QuantFormat F>
 void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, int64_t panel_bytes, int64_t nb,

@@ -174,9 +174,9 @@ int RunDot(int64_t M, int64_t M_total, int64_t K, int64_t P, const float *x, con
   } else {
     pool.Run(M, quantize);
   }
-  // Items: row blocks of up to 64 rows times runs of panels, about 8 items a thread, each at least
+  // Items: row blocks of up to kDotRows rows times runs of panels, about 8 items a thread, each at least
   // kGemvItemBytes of weights (smaller items take about as long as handing them to a thread).
-  const int64_t row_block = std::min<int64_t>(M, 64), row_blocks = (M + row_block - 1) / row_block;
+  const int64_t row_block = std::min<int64_t>(M, ms_atb::dot::kDotRows), row_blocks = (M + row_block - 1) / row_block;
   const int64_t by_threads = (P * row_blocks + 8 * pool.num_threads() - 1) / (8 * pool.num_threads());
   const int64_t per_item = std::min(P, std::max(by_threads, (kGemvItemBytes + panel_bytes - 1) / panel_bytes));
   const int64_t col_blocks = (P + per_item - 1) / per_item;
