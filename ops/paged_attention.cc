@@ -123,16 +123,17 @@ void RunItem(const Item &it, const Args &a, const float *query, const C *key_cac
             __builtin_prefetch(value_cache + ahead + t * kv_stride + e, 0, 2);
           }
       }
-#if defined(__AVX512F__)
+#if defined(MS_ATB_DECODE_IN_REGISTERS)
       // A sequence's only query row of the step (a decode row) runs in registers (attention_decode.h); which
       // path a row takes follows its sequence alone, as the tiled path's choice does.
-      if (seq_q == 1 && D % 16 == 0) {
+      if (seq_q == 1 && D % ms_atb::decode::kLanes == 0) {
+        constexpr int64_t kTokens = ms_atb::decode::kDecodeTokens;
         const float *k_scales = ScalesAt(a.key_scales, offset, D), *v_scales = ScalesAt(a.value_scales, offset, D);
-        for (int64_t t = 0; t < ntok; t += 16)
+        for (int64_t t = 0; t < ntok; t += kTokens)
           ms_atb::DecodeBlock(s.q.data() + g * RG * D, G, D, key_cache + offset + t * kv_stride,
                               k_scales ? k_scales + t * a.KVH : nullptr, value_cache + offset + t * kv_stride,
                               v_scales ? v_scales + t * a.KVH : nullptr, kv_stride, a.KVH,
-                              std::min<int64_t>(16, ntok - t), s.m.data() + g * RG, s.l.data() + g * RG,
+                              std::min(kTokens, ntok - t), s.m.data() + g * RG, s.l.data() + g * RG,
                               s.acc.data() + g * RG * D);
         continue;
       }
