@@ -12,8 +12,8 @@ the default variant is the engine's defaults, --set applies to all); llama.cpp r
 activations quantized to 8 bits, a float16 KV cache). The engines alternate within each repeat; the best repeat
 counts, and a measurement begun with the load average above the threads + 1 (another job on the cores) is left out
 while an uncontended one exists (marked `*` when none does). At B = 1 the TG rate is set against the memory
-bandwidth bound (weight bytes a step reads / copy bandwidth of --threads threads), and PP against our int8 kernel's
-compute peak.
+bandwidth bounds (weight bytes a step reads / the read bandwidth of --threads threads, and / their copy bandwidth:
+scripts/host_bounds.py), and PP against our int8 kernel's compute peak.
     bash scripts/build_llamacpp_bench.sh        # once: builds the llama.cpp peer (requirements-bench.txt pin)
     .venv/bin/python scripts/bench_llamacpp_batched.py [--model FILE.gguf] [--batches 1 8 32] [--pp 128] [--tg 32]
         [--repeats 2] [--threads 2] [--variant KEY=VALUE[,KEY=VALUE...] ...] [--set KEY=VALUE ...] [--json FILE]
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 import yaml
 
-from host_bounds import copy_bandwidth, host_line, peak_gops_int8
+from host_bounds import copy_bandwidth, host_line, peak_gops_int8, read_bandwidth
 from script_args import require_at_least
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -171,6 +171,7 @@ def best(runs, threads) -> tuple[float, float, str]:
 
 
 def report(args, runs, runners, peer, bandwidth, int8_peak) -> list:
+    """Prints the table and the bounds (bandwidth: {"read": B/s, "copy": B/s}); returns the table's rows."""
     names = list(runners) + (["llama.cpp"] if peer else [])
     print(f"\nbest of {args.repeats} (load <= threads + 1; * none was): tok/s, ratio ms_atb / llama.cpp")
     print("| B | " + " | ".join(f"{n} PP | {n} TG" for n in names) + " |")
@@ -188,14 +189,15 @@ def report(args, runs, runners, peer, bandwidth, int8_peak) -> list:
                 cells.append(f"{pp:.1f}{mark} ({pp / peer_pp:.2f}x) | {tg:.1f}{mark} ({tg / peer_tg:.2f}x)")
         print(f"| {b} | " + " | ".join(cells) + " |")
         rows.append({"B": b, **{n: {"pp_tok_s": got[n][0], "tg_tok_s": got[n][1]} for n in names}})
-    print(f"\nbounds: copy bandwidth {bandwidth / 1e9:.1f} GB/s ({args.threads} threads); our int8 kernel's peak "
-          f"{int8_peak:.0f} GOP/s")
+    print(f"\nbounds ({args.threads} threads): read bandwidth {bandwidth['read'] / 1e9:.1f} GB/s, copy bandwidth "
+          f"{bandwidth['copy'] / 1e9:.1f} GB/s (read + written); our int8 kernel's peak {int8_peak:.0f} GOP/s")
     first = next(iter(runners.values()))
     for n in names if 1 in args.batches else []:
         step = step_weight_bytes(runners.get(n, first))     # llama.cpp: the bytes of the first runner's weights
         tg = best(runs[(n, 1)], args.threads)[1]
-        print(f"  {n}: TG at B=1 {tg:.1f} tok/s = {tg * step / bandwidth:.0%} of the bandwidth bound "
-              f"({bandwidth / step:.1f} tok/s: {step / 2**20:,.0f} MiB a step)")
+        print(f"  {n}: TG at B=1 {tg:.1f} tok/s = {tg * step / bandwidth['read']:.0%} of the read bound "
+              f"({bandwidth['read'] / step:.1f} tok/s: {step / 2**20:,.0f} MiB a step), "
+              f"{tg * step / bandwidth['copy']:.0%} of the copy bound ({bandwidth['copy'] / step:.1f} tok/s)")
     flops = flops_per_token(first.model_config, args.pp // 2)
     for n in names:
         pp = max(best(runs[(n, b)], args.threads)[0] for b in args.batches)
@@ -249,7 +251,8 @@ def main():
           f"({os.path.getsize(gguf) / 2**20:,.0f} MiB); {args.threads} threads each; PP {args.pp}, TG {args.tg}, "
           f"prompts in steps of {STEP_TOKENS} tokens", flush=True)
     runners = build_runners(args, gguf, variants)
-    bandwidth, int8_peak = copy_bandwidth(args.threads), peak_gops_int8()
+    bandwidth = {"read": read_bandwidth(args.threads), "copy": copy_bandwidth(args.threads)}
+    int8_peak = peak_gops_int8()
     runs = measure(args, gguf, runners, peer)
     rows = report(args, runs, runners, peer, bandwidth, int8_peak)
     if args.json:

@@ -1,8 +1,11 @@
 """The machine's limits the benchmarks set their figures against: memory bandwidth and our kernels' compute peaks.
 
 - copy_bandwidth: bytes read + written per second by `threads` threads copying 1 GiB (numpy releases the GIL in a
-  copy), best of a few: a decode step at one sequence reads every weight once, so weight bytes / this bandwidth is
-  the least time a step can take.
+  copy), best of a few.
+- read_bandwidth: bytes read per second by `threads` threads streaming through 1 GiB (an OR reduction, which
+  releases the GIL), best of a few: a decode step at one sequence reads every weight once and writes next to
+  nothing, so weight bytes / this bandwidth is the least time a step can take. Hosts differ in how the two
+  compare: two cores of an AMD EPYC without AVX-512 copy at 66-70 GB/s (read + written) but read at 32-36 GB/s.
 - peak_gflops_fp32: our PackedMatMul on a hot 384 x 1536 x 3072 product (operands in cache).
 - peak_gops_int8: our QuantDotQ4_0 (int8 activations) on a 512 x 2048 x 3072 product (a prompt's q/k/v of a
   1B model; the 3.4 MiB weight in L2/L3).
@@ -35,6 +38,22 @@ def copy_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 3) -> flo
             w.join()
         best = min(best, time.perf_counter() - start)
     return 2 * src.nbytes / best
+
+
+def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    """Bytes read per second by `threads` threads OR-reducing nbytes (each its own slice), best of repeats."""
+    words = np.ones(nbytes // 8, np.uint64)
+    parts = np.array_split(words, threads)
+    best = float("inf")
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(p,)) for p in parts]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - start)
+    return words.nbytes / best
 
 
 def _best(call, repeats: int = 7, inner: int = 5) -> float:

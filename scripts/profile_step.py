@@ -4,6 +4,8 @@
     MS_ATB_KERNEL_PROFILE=1 .venv/bin/python scripts/profile_step.py --batch 1 --ctx 512 --new 512  # prefill
     .venv/bin/python scripts/profile_step.py --batch 1 --ctx 256 --host     # the host side of a decode step
     MS_ATB_KERNEL_PROFILE=1 .venv/bin/python scripts/profile_step.py --batch 1 --activation-dtype int8
+    MS_ATB_KERNEL_PROFILE=1 .venv/bin/python scripts/profile_step.py --batch 1 --ctx 512 --activation-dtype auto \
+        --model /tmp/llama-1b-q4_0.gguf                  # a 1B shape from make_random_gguf.py
 Prints the step's wall time and the process's CPU time in it (min / median); at exit the kernel profile prints
 each kernel's calls and total time, covering the timed steps plus one untimed first step (graph compile excluded:
 it runs no kernel). Wall time minus the kernels' time is MindSpore's framework overhead (op dispatch, output
@@ -62,18 +64,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--host", action="store_true",
                     help="also time preparation, the graph call and the ordinary Cell call, in turns")
-    ap.add_argument("--activation-dtype", default="float32", choices=["float32", "int8"],
+    ap.add_argument("--activation-dtype", default="float32", choices=["float32", "int8", "auto"],
                     help="model.activation_dtype (int8: the quantized linears' inputs, QuantDot kernels)")
+    ap.add_argument("--cache-dtype", default="auto", help="model.cache_dtype (auto: float16 on the CPU)")
+    ap.add_argument("--model", default=None,
+                    help="a GGUF or model folder (default: the embedded SmolLM2), e.g. one of make_random_gguf.py")
     args = ap.parse_args()
     require_at_least(ap, args, 1, "batch", "ctx", "steps")
     if not 1 <= args.new <= args.ctx:
         raise SystemExit("--new must lie in [1, --ctx]")
     bs = 16
     blocks = (args.ctx + bs - 1) // bs
-    runner = ModelRunner(EngineConfig.load(None, path=smollm2_path(), num_blocks=args.batch * blocks,
+    runner = ModelRunner(EngineConfig.load(None, path=args.model or smollm2_path(), num_blocks=args.batch * blocks,
                                            block_size=bs, max_num_seqs=args.batch,
                                            max_num_batched_tokens=max(args.batch * args.new, 1),
-                                           max_model_len=blocks * bs, activation_dtype=args.activation_dtype))
+                                           max_model_len=blocks * bs, activation_dtype=args.activation_dtype,
+                                           cache_dtype=args.cache_dtype))
     step = make_step(args.batch, args.ctx, args.new, bs, blocks)
     runner.execute(step)  # compiles this step's graph
     times, cpu = [], []
