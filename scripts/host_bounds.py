@@ -19,41 +19,35 @@ import time
 import numpy as np
 
 
+def _threads_best(target, slices, repeats: int) -> float:
+    """Seconds of target(*slice) run on one thread per slice, all at once: the best of repeats."""
+    best = float("inf")
+    for _ in range(repeats):
+        workers = [threading.Thread(target=target, args=a) for a in slices]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def copy_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 3) -> float:
     """Read + write bytes per second of copying nbytes in `threads` threads (each its own slice), best of repeats."""
     src = np.ones(nbytes // 8, np.float64)
     dst = np.empty_like(src)
     parts = np.array_split(np.arange(src.size), threads)
-    bounds = [(p[0], p[-1] + 1) for p in parts]
 
     def copy(lo, hi):
         np.copyto(dst[lo:hi], src[lo:hi])
-    best = float("inf")
-    for _ in range(repeats):
-        workers = [threading.Thread(target=copy, args=b) for b in bounds]
-        start = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best
+    return 2 * src.nbytes / _threads_best(copy, [(p[0], p[-1] + 1) for p in parts], repeats)
 
 
 def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 3) -> float:
     """Bytes read per second by `threads` threads OR-reducing nbytes (each its own slice), best of repeats."""
     words = np.ones(nbytes // 8, np.uint64)
-    parts = np.array_split(words, threads)
-    best = float("inf")
-    for _ in range(repeats):
-        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(p,)) for p in parts]
-        start = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        best = min(best, time.perf_counter() - start)
-    return words.nbytes / best
+    return words.nbytes / _threads_best(np.bitwise_or.reduce, [(p,) for p in np.array_split(words, threads)], repeats)
 
 
 def _best(call, repeats: int = 7, inner: int = 5) -> float:
