@@ -81,10 +81,13 @@ def test_quant_matmul_on_each_isa(library, fmt, m, k, n):
 
 
 @pytest.mark.parametrize("fmt", sorted(DOT_KERNELS))
-@pytest.mark.parametrize("m,k,n", [(1, 576, 100), (3, 96, 40), (8, 64, 90), (33, 64, 33)])
+@pytest.mark.parametrize("m,k,n", [(1, 576, 100), (3, 96, 40), (8, 64, 90), (33, 64, 33), (12, 2112, 40),
+                                   (66, 2112, 24)])
 def test_quant_dot_on_each_isa(library, fmt, m, k, n):
     """int8 activations: each path's integer dot products (AVX2 maddubs + madd on 2 x 8 columns, portable
-    loops) against the numpy model of the same integer arithmetic, within float32 rounding of its terms."""
+    loops) against the numpy model of the same integer arithmetic, within float32 rounding of its terms.
+    12 and 66 rows of 66 blocks: AVX2's tiles with split nibbles (a chunk of 64 blocks, then 2), 66 rows in
+    two row blocks (64 and 2)."""
     check_quant_dot(library, fmt, m, k, n)
 
 
