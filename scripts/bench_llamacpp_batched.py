@@ -12,7 +12,8 @@ the default variant is the engine's defaults, --set applies to all); llama.cpp r
 activations quantized to 8 bits, a float16 KV cache). The engines alternate within each repeat; the best repeat
 counts, and a measurement begun with the load average above the threads + 1 (another job on the cores) is left out
 while an uncontended one exists (marked `*` when none does). At B = 1 the TG rate is set against the memory
-bandwidth bounds (weight bytes a step reads / the read bandwidth of --threads threads, and / their copy bandwidth:
+bandwidth bounds (the bytes a step reads: its weights and the KV cache at the decode's mean context, each engine's
+own cache dtype (llama.cpp: float16); / the read bandwidth of --threads threads, and / their copy bandwidth:
 scripts/host_bounds.py), and PP against our int8 kernel's compute peak.
     bash scripts/build_llamacpp_bench.sh        # once: builds the llama.cpp peer (requirements-bench.txt pin)
     .venv/bin/python scripts/bench_llamacpp_batched.py [--model FILE.gguf] [--batches 1 8 32] [--pp 128] [--tg 32]
@@ -120,6 +121,14 @@ def step_weight_bytes(runner) -> int:
     return total + (embed.nbytes // embed.shape[0] if embed is not None else 0)
 
 
+def step_kv_bytes(runner, ctx: int, cache_dtype: str | None = None) -> int:
+    """Bytes of K and V cache a one-sequence decode step reads at context ctx, in cache_dtype (the runner's own
+    by default)."""
+    from ms_atb.worker.model_runner import kv_cache_bytes_per_block
+    name = cache_dtype or str(runner.cache_dtype).lower()
+    return ctx * kv_cache_bytes_per_block(runner.model_config, 1, None, cache_dtype=name)
+
+
 def build_runners(args, gguf, variants) -> dict:
     from ms_atb.config import EngineConfig
     from ms_atb.worker.graph_cache import cache_root
@@ -192,12 +201,16 @@ def report(args, runs, runners, peer, bandwidth, int8_peak) -> list:
     print(f"\nbounds ({args.threads} threads): read bandwidth {bandwidth['read'] / 1e9:.1f} GB/s, copy bandwidth "
           f"{bandwidth['copy'] / 1e9:.1f} GB/s (read + written); our int8 kernel's peak {int8_peak:.0f} GOP/s")
     first = next(iter(runners.values()))
+    ctx = args.pp + args.tg // 2
     for n in names if 1 in args.batches else []:
-        step = step_weight_bytes(runners.get(n, first))     # llama.cpp: the bytes of the first runner's weights
+        runner = runners.get(n, first)       # llama.cpp: the first runner's weights, a float16 cache
+        weights = step_weight_bytes(runner)
+        step = weights + step_kv_bytes(runner, ctx, "float16" if n == "llama.cpp" else None)
         tg = best(runs[(n, 1)], args.threads)[1]
         print(f"  {n}: TG at B=1 {tg:.1f} tok/s = {tg * step / bandwidth['read']:.0%} of the read bound "
-              f"({bandwidth['read'] / step:.1f} tok/s: {step / 2**20:,.0f} MiB a step), "
-              f"{tg * step / bandwidth['copy']:.0%} of the copy bound ({bandwidth['copy'] / step:.1f} tok/s)")
+              f"({bandwidth['read'] / step:.1f} tok/s: {step / 2**20:,.0f} MiB a step, {weights / 2**20:,.0f} of "
+              f"weights and the KV cache of {ctx} tokens), {tg * step / bandwidth['copy']:.0%} of the copy bound "
+              f"({bandwidth['copy'] / step:.1f} tok/s)")
     flops = flops_per_token(first.model_config, args.pp // 2)
     for n in names:
         pp = max(best(runs[(n, b)], args.threads)[0] for b in args.batches)

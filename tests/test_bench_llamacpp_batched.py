@@ -22,3 +22,17 @@ def test_a_step_of_pieces_continues_each_sequence_where_its_last_chunk_stopped()
     assert step.context_lens == [300, 3] and step.query_start_loc == [0, 88, 91]
     assert step.slot_mapping[0] == (40 + 212 // 16) * 16 + 212 % 16 and step.slot_mapping[88] == 80 * 16
     assert len(step.block_tables[0]) == 19 and step.block_tables[1] == [80]
+
+
+def test_the_decode_bound_counts_the_kv_cache_a_step_reads():
+    """A step at context 100 of 2 layers x 4 KV heads x 64 dims reads K and V of 100 tokens: float16 2 bytes a
+    value, int8 1 and a float32 scale a (token, head) row; the runner's own dtype unless one is named."""
+    from types import SimpleNamespace
+
+    import mindspore as ms
+    config = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=4, head_dim=64)
+    runner = SimpleNamespace(model_config=config, cache_dtype=ms.float16)
+    assert bench.step_kv_bytes(runner, 100) == 100 * 2 * 2 * 4 * 64 * 2
+    assert bench.step_kv_bytes(runner, 100, "float32") == 100 * 2 * 2 * 4 * 64 * 4
+    runner.cache_dtype = ms.int8
+    assert bench.step_kv_bytes(runner, 100) == 100 * 2 * 2 * 4 * (64 + 4)
