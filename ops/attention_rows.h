@@ -11,63 +11,25 @@
 #include <immintrin.h>
 #endif
 
+#include "attention_decode.h"
 #include "dtype.h"
 
 namespace ms_atb {
 
 // dst[:D] = float32 of one cache row; an int8 row is multiplied by its scale (value = q * scale), a float
-// row ignores `scale`. The conversion runs as the row is read: AVX-512, AVX2 or portable.
-inline void RowToFloat(const float *src, float, int64_t D, float *dst) {
-  for (int64_t d = 0; d < D; ++d) dst[d] = src[d];
-}
+// row ignores `scale`. The conversion runs as the row is read, a vector at a time with the decode path's
+// loads (attention_decode.h: AVX-512 or AVX2), the rest element by element.
+template <typename C>
+inline float RowValue(C x, float) { return ToFloat(x); }
+inline float RowValue(int8_t x, float scale) { return static_cast<float>(x) * scale; }
 
-inline void RowToFloat(const Half *src, float, int64_t D, float *dst) {
+template <typename C>
+inline void RowToFloat(const C *src, float scale, int64_t D, float *dst) {
   int64_t d = 0;
-#if defined(__AVX512F__)
-  for (; d + 16 <= D; d += 16)
-    _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + d))));
+#if defined(MS_ATB_DECODE_IN_REGISTERS)
+  for (; d + decode::kLanes <= D; d += decode::kLanes) decode::StoreF(dst + d, decode::Load(src + d, scale));
 #endif
-#if defined(__AVX2__) && defined(__F16C__)
-  for (; d + 8 <= D; d += 8)
-    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + d))));
-#endif
-  for (; d < D; ++d) dst[d] = ToFloat(src[d]);
-}
-
-inline void RowToFloat(const BFloat16 *src, float, int64_t D, float *dst) {
-  int64_t d = 0;
-#if defined(__AVX512F__)
-  for (; d + 16 <= D; d += 16) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + d)));
-    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-  }
-#endif
-#if defined(__AVX2__)
-  for (; d + 8 <= D; d += 8) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + d)));
-    _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-  }
-#endif
-  for (; d < D; ++d) dst[d] = ToFloat(src[d]);
-}
-
-inline void RowToFloat(const int8_t *src, float scale, int64_t D, float *dst) {
-  int64_t d = 0;
-#if defined(__AVX512F__)
-  const __m512 s16 = _mm512_set1_ps(scale);
-  for (; d + 16 <= D; d += 16) {
-    const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + d)));
-    _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_cvtepi32_ps(w), s16));
-  }
-#endif
-#if defined(__AVX2__)
-  const __m256 s8 = _mm256_set1_ps(scale);
-  for (; d + 8 <= D; d += 8) {
-    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(src + d)));
-    _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_cvtepi32_ps(w), s8));
-  }
-#endif
-  for (; d < D; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+  for (; d < D; ++d) dst[d] = RowValue(src[d], scale);
 }
 
 // The n cache rows src[t * stride : t * stride + D] as float32 rows of stride *out_stride: read in place
