@@ -35,6 +35,7 @@ constexpr int kDotPanels = 2;
 #else
 constexpr int kDotPanels = 1;
 #endif
+static_assert(!kSplitNibbles || kDotPanels == 1, "split nibbles serve one panel at a time");
 
 // Blocks [b0, b1) of NP panels (panel[p]) times MR rows of x (rows r of xq from row0), added to acc[r][p];
 // split: the one panel's blocks [b0, b1) split by SplitNibbles, or null.
@@ -130,14 +131,15 @@ constexpr int64_t kDotTileBytes = 16 << 10;
 // rows, the panels go a few at a time, their sums for every row (within kDotTileBytes) kept in a contiguous
 // buffer (y's rows, N floats apart, would meet in the same cache sets), and k in chunks of kDotChunkBlocks
 // blocks: a chunk of every row's quants (16 KiB) and the sums stay in L1-L2 while the panels'
-// chunks pass, each read once for all the groups of rows.
+// chunks pass, each read once for all the groups of rows. AVX2 tiles of kSplitMinRows rows or more split each
+// panel chunk's nibbles first and take chunks of kSplitChunkBlocks blocks (quant_dot_sums.h).
 template <QuantFormat F>
 void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, int64_t panel_bytes, int64_t nb,
                 int64_t p0, int64_t p1, float *y, int64_t ldy) {
   const int64_t rows = r1 - r0;
   const bool tiled = rows > 4;
   const int64_t tile = tiled ? std::max<int64_t>(1, kDotTileBytes / (rows * kQuantPanel * 4)) : p1 - p0;
-  const bool split = kSplitNibbles && IsNibbles(F) && tiled && kDotPanels == 1 && rows >= kSplitMinRows;
+  const bool split = kSplitNibbles && IsNibbles(F) && tiled && rows >= kSplitMinRows;
   const int64_t chunk = split ? kSplitChunkBlocks : tiled ? kDotChunkBlocks : nb;
   thread_local std::vector<float> sums;   // [tile panels][rows][16]
   thread_local std::vector<uint8_t> split_bytes;  // [chunk][kSplitBlockBytes], 32-byte aligned

@@ -180,10 +180,10 @@ inline int32_t Four(const int8_t *q) {  // 4 quants of x as one 32-bit lane
 inline void Chain(__m256i &v) { asm("" : "+x"(v)); }     // as Chain(Ints &)
 
 constexpr bool kSplitNibbles = true;
-constexpr int64_t kSplitBlockBytes = 2 * kQuantBlock * kQuantPanel / 2;  // a block's nibbles, one byte each
+constexpr int64_t kSplitBlockBytes = kQuantBlock * kQuantPanel;  // a block's 512 nibbles, one byte each
 // Split tiles take k in chunks of kSplitChunkBlocks blocks (2,048 k: a panel's split chunk is 32 KiB, read from L2
 // by each group of rows), and only with at least kSplitMinRows rows: fewer groups do not repay the split.
-// Measured on Zen 3, 2 threads: 512 x 2048 x 8192 334 -> 367 GOP/s, 32 rows 340 -> 370, 8 rows 320 -> 305.
+// Measured on Zen 3, 2 threads: 512 x 2048 x 8192 334 -> 367 GOP/s, 32 rows 340 -> 370; 8 rows split: 320 -> 305.
 constexpr int64_t kSplitChunkBlocks = 64;
 constexpr int64_t kSplitMinRows = 9;
 
