@@ -160,48 +160,96 @@ constexpr int64_t kDecodeChunks = kDecodeTokens / kLanes;
 
 }  // namespace decode
 
-// The G rows of one kv head (q: G rows of D floats, scaled; D a multiple of decode::kLanes) over the block's first
-// n <= kDecodeTokens tokens (k, v: their first rows, `stride` elements apart; scales: one per row, `scale_stride`
-// apart, or null): the online softmax's max m[h], sum l[h] and weighted values acc[h * D, (h + 1) * D) updated in
-// place.
-template <typename C>
-inline void DecodeBlock(const float *q, int64_t G, int64_t D, const C *k, const float *k_scales, const C *v,
-                        const float *v_scales, int64_t stride, int64_t scale_stride, int64_t n, float *m, float *l,
-                        float *acc) {
-  using namespace decode;  // the vector type and its operations for this ISA
-  constexpr int64_t L = kLanes;
-  alignas(64) float p[kDecodeTokens];
-  float ks[kDecodeTokens], vs[kDecodeTokens];
-  for (int64_t t = 0; t < n; ++t) {
-    ks[t] = k_scales ? k_scales[t * scale_stride] : 1.0f;
-    vs[t] = v_scales ? v_scales[t * scale_stride] : 1.0f;
-  }
-  for (int64_t h = 0; h < G; ++h) {
-    const float *qh = q + h * D;
-    F s[kDecodeChunks];  // the scores of tokens [c L, (c + 1) L)
-    F mv = Set1(-INFINITY);
-    for (int64_t c = 0; c < kDecodeChunks; ++c) {
-      const int64_t nc = std::max<int64_t>(0, std::min(n - c * L, L));  // valid tokens of this chunk
-      F part[L];
-      for (int64_t i = 0; i < L; ++i) part[i] = Zero();
-      const C *kc = k + c * L * stride;
-      const float *ksc = ks + c * L;
-      // Each token's sum runs over d in order, q's piece loaded once; a whole chunk's loop has a fixed count
-      // so that its sums stay in registers.
-      if (nc == L) {
+namespace decode {
+
+// Accumulators a pass keeps in registers: HG heads times 8 / HG tokens (scores) or vectors of columns (P.V), so
+// that each K or V vector is loaded, and converted, once for the HG heads that read it.
+constexpr int kAccumulators = 8;
+
+// s[h][c] = the scores of heads [0, HG) (q: HG rows of D floats, scaled) for tokens [c L, (c + 1) L) of the block's
+// first n (k: their rows, `stride` elements apart; ks: each row's scale), -inf past n.
+template <int HG, typename C>
+inline void Scores(const float *q, int64_t D, const C *k, const float *ks, int64_t stride, int64_t n,
+                   F s[HG][kDecodeChunks]) {
+  constexpr int64_t L = kLanes, TK = kAccumulators / HG;
+  for (int64_t c = 0; c < kDecodeChunks; ++c) {
+    const int64_t nc = std::max<int64_t>(0, std::min(n - c * L, L));  // valid tokens of this chunk
+    F part[HG][L];
+    for (int64_t t0 = 0; t0 < L; t0 += TK) {
+      // Each token's sum runs over d in order, a full pass's loop with a fixed count so that its sums stay in
+      // registers; the tokens past nc are not read.
+      F a[HG][TK];
+      for (int h = 0; h < HG; ++h)
+        for (int64_t i = 0; i < TK; ++i) a[h][i] = Zero();
+      const C *kt = k + (c * L + t0) * stride;
+      const float *kst = ks + c * L + t0;
+      if (t0 + TK <= nc) {
         for (int64_t d = 0; d < D; d += L) {
-          const F qd = LoadF(qh + d);
-          for (int64_t i = 0; i < L; ++i) part[i] = Fma(qd, Load(kc + i * stride + d, ksc[i]), part[i]);
+          F kv[TK];
+          for (int64_t i = 0; i < TK; ++i) kv[i] = Load(kt + i * stride + d, kst[i]);
+          for (int h = 0; h < HG; ++h) {
+            const F qd = LoadF(q + h * D + d);
+            for (int64_t i = 0; i < TK; ++i) a[h][i] = Fma(qd, kv[i], a[h][i]);
+          }
         }
       } else {
-        for (int64_t d = 0; d < D; d += L) {
-          const F qd = LoadF(qh + d);
-          for (int64_t i = 0; i < nc; ++i) part[i] = Fma(qd, Load(kc + i * stride + d, ksc[i]), part[i]);
-        }
+        for (int64_t d = 0; d < D; d += L)
+          for (int64_t i = 0; i < nc - t0; ++i) {
+            const F kv = Load(kt + i * stride + d, kst[i]);
+            for (int h = 0; h < HG; ++h) a[h][i] = Fma(LoadF(q + h * D + d), kv, a[h][i]);
+          }
       }
-      s[c] = Head(TransposedSum(part), nc, -INFINITY);
-      mv = Max(mv, s[c]);
+      for (int h = 0; h < HG; ++h)
+        for (int64_t i = 0; i < TK; ++i) part[h][t0 + i] = a[h][i];
     }
+    for (int h = 0; h < HG; ++h) s[h][c] = Head(TransposedSum(part[h]), nc, -INFINITY);
+  }
+}
+
+// acc[h * D, (h + 1) * D) += p[h][t] v[t] for heads [0, HG), t < n in order (v: rows `stride` elements apart; vs:
+// each row's scale).
+template <int HG, typename C>
+inline void AccumulateValues(const float (*p)[kDecodeTokens], const C *v, const float *vs, int64_t stride,
+                             int64_t n, int64_t D, float *acc) {
+  constexpr int64_t L = kLanes, VC = kAccumulators / HG;
+  int64_t d = 0;
+  for (; d + VC * L <= D; d += VC * L) {
+    F a[HG][VC];
+    for (int h = 0; h < HG; ++h)
+      for (int64_t j = 0; j < VC; ++j) a[h][j] = LoadF(acc + h * D + d + j * L);
+    for (int64_t t = 0; t < n; ++t) {
+      F vv[VC];
+      for (int64_t j = 0; j < VC; ++j) vv[j] = Load(v + t * stride + d + j * L, vs[t]);
+      for (int h = 0; h < HG; ++h) {
+        const F pt = Set1(p[h][t]);
+        for (int64_t j = 0; j < VC; ++j) a[h][j] = Fma(pt, vv[j], a[h][j]);
+      }
+    }
+    for (int h = 0; h < HG; ++h)
+      for (int64_t j = 0; j < VC; ++j) StoreF(acc + h * D + d + j * L, a[h][j]);
+  }
+  for (; d < D; d += L) {
+    F a[HG];
+    for (int h = 0; h < HG; ++h) a[h] = LoadF(acc + h * D + d);
+    for (int64_t t = 0; t < n; ++t) {
+      const F vv = Load(v + t * stride + d, vs[t]);
+      for (int h = 0; h < HG; ++h) a[h] = Fma(Set1(p[h][t]), vv, a[h]);
+    }
+    for (int h = 0; h < HG; ++h) StoreF(acc + h * D + d, a[h]);
+  }
+}
+
+// Heads [0, HG) of DecodeBlock: scores, the online softmax's update, P.V.
+template <int HG, typename C>
+inline void DecodeHeads(const float *q, int64_t D, const C *k, const float *ks, const C *v, const float *vs,
+                        int64_t stride, int64_t n, float *m, float *l, float *acc) {
+  constexpr int64_t L = kLanes;
+  F s[HG][kDecodeChunks];
+  Scores<HG>(q, D, k, ks, stride, n, s);
+  alignas(64) float p[HG][kDecodeTokens];
+  for (int h = 0; h < HG; ++h) {
+    F mv = s[h][0];
+    for (int64_t c = 1; c < kDecodeChunks; ++c) mv = Max(mv, s[h][c]);
     const float mx = std::max(m[h], ReduceMax(mv));
     float *ah = acc + h * D;
     if (mx > m[h]) {
@@ -213,27 +261,44 @@ inline void DecodeBlock(const float *q, int64_t G, int64_t D, const C *k, const 
     F sum = Zero();
     for (int64_t c = 0; c < kDecodeChunks; ++c) {
       // exp(-inf - mx) is 0: the lanes past n add nothing.
-      const F e = ExpNonPositive(Sub(s[c], Set1(mx)));
+      const F e = ExpNonPositive(Sub(s[h][c], Set1(mx)));
       sum = Add(sum, e);
-      StoreF(p + c * L, e);
+      StoreF(p[h] + c * L, e);
     }
     l[h] += ReduceAdd(sum);
-    // P.V: acc[d] += p[t] v[t][d] for t in order; four vectors of acc at a time, so that four chains of
-    // multiply-adds are in flight.
-    int64_t d = 0;
-    for (; d + 4 * L <= D; d += 4 * L) {
-      F a[4];
-      for (int i = 0; i < 4; ++i) a[i] = LoadF(ah + d + i * L);
-      for (int64_t t = 0; t < n; ++t) {
-        const F pt = Set1(p[t]);
-        for (int i = 0; i < 4; ++i) a[i] = Fma(pt, Load(v + t * stride + d + i * L, vs[t]), a[i]);
-      }
-      for (int i = 0; i < 4; ++i) StoreF(ah + d + i * L, a[i]);
-    }
-    for (; d < D; d += L) {
-      F a = LoadF(ah + d);
-      for (int64_t t = 0; t < n; ++t) a = Fma(Set1(p[t]), Load(v + t * stride + d, vs[t]), a);
-      StoreF(ah + d, a);
+  }
+  AccumulateValues<HG>(p, v, vs, stride, n, D, acc);
+}
+
+}  // namespace decode
+
+// The G rows of one kv head (q: G rows of D floats, scaled; D a multiple of decode::kLanes) over the block's first
+// n <= kDecodeTokens tokens (k, v: their first rows, `stride` elements apart; scales: one per row, `scale_stride`
+// apart, or null): the online softmax's max m[h], sum l[h] and weighted values acc[h * D, (h + 1) * D) updated in
+// place. Heads go four, two or one at a time, each K and V vector loaded, and converted, once for the heads of a
+// group (M's shape: 4 query heads a kv head, a float16 cache of 512 tokens in L3, 2 threads: 75-78 us a call with
+// a conversion a head, 68-71 grouped). Each value's sums run in the same order whatever the grouping, so the
+// results are those of one head at a time, bit for bit.
+template <typename C>
+inline void DecodeBlock(const float *q, int64_t G, int64_t D, const C *k, const float *k_scales, const C *v,
+                        const float *v_scales, int64_t stride, int64_t scale_stride, int64_t n, float *m, float *l,
+                        float *acc) {
+  float ks[decode::kDecodeTokens], vs[decode::kDecodeTokens];
+  for (int64_t t = 0; t < n; ++t) {
+    ks[t] = k_scales ? k_scales[t * scale_stride] : 1.0f;
+    vs[t] = v_scales ? v_scales[t * scale_stride] : 1.0f;
+  }
+  for (int64_t h = 0; h < G;) {
+    const int64_t left = G - h;
+    if (left >= 4) {
+      decode::DecodeHeads<4>(q + h * D, D, k, ks, v, vs, stride, n, m + h, l + h, acc + h * D);
+      h += 4;
+    } else if (left >= 2) {
+      decode::DecodeHeads<2>(q + h * D, D, k, ks, v, vs, stride, n, m + h, l + h, acc + h * D);
+      h += 2;
+    } else {
+      decode::DecodeHeads<1>(q + h * D, D, k, ks, v, vs, stride, n, m + h, l + h, acc + h * D);
+      h += 1;
     }
   }
 }

@@ -103,13 +103,17 @@ def check_quant_dot(lib, fmt, m, k, n):
                   + 1e-5 * terms + 1e-30)
 
 
+# Query heads a kv head: 3 (decode heads 2 + 1 at a time), 7 (4 + 2 + 1, and 48 columns: a P.V pass of 64 does not fit).
+GROUPS = [(9, 3, 64), (14, 2, 48)]
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", GROUPS)
 @pytest.mark.parametrize("bs,layout", [(16, "scattered"), (16, "contiguous"), (5, "contiguous")])
 @pytest.mark.parametrize("queries", [[1, 1, 1], [40, 1, 17]])  # decode items; GEMM-tiled prefill tiles
-def test_paged_attention_on_each_isa(library, queries, bs, layout):
+def test_paged_attention_on_each_isa(library, queries, bs, layout, heads, kv_heads, dim):
     """Contiguous tables let the tiled path read a span of blocks in place; block size 5 makes spans
     of 45 tokens (9 blocks) that end mid-tile."""
     rng = np.random.default_rng(len(queries) + sum(queries) + bs)
-    heads, kv_heads, dim = 9, 3, 64
     ctx = [70, 33, 50]
     per_seq = -(-max(ctx) // bs)
     nb = 3 * per_seq + 5
@@ -143,14 +147,15 @@ def to_bfloat16_bits(x):
     return bits, (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", GROUPS)
 @pytest.mark.parametrize("cache", ["float16", "bfloat16", "int8"])
 @pytest.mark.parametrize("queries", [[1, 1, 1], [40, 1, 17]])
-def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache):
+def test_paged_attention_over_narrow_caches_on_each_isa(library, queries, cache, heads, kv_heads, dim):
     """float32 queries over float16 / bfloat16 / int8 caches, written by ReshapeAndCache on the same path (the
     conversion, and int8's per-row quantisation, exactly as numpy does it); the attention against numpy over
-    the values the caches hold. Scattered block tables, block size 16 (whole 16-value AVX-512 rows, D = 64)."""
+    the values the caches hold. Scattered block tables, block size 16 (whole 16-value AVX-512 rows, D = 64 or 48)."""
     rng = np.random.default_rng(len(queries) + sum(queries))
-    heads, kv_heads, dim, bs = 9, 3, 64, 16
+    bs = 16
     ctx = [70, 33, 50]
     per_seq = -(-max(ctx) // bs)
     nb = 3 * per_seq + 5
