@@ -69,7 +69,7 @@ class LLM:
         validate_tp(self.model_config, tp)
         self.rank = init_distributed(tp, cfg.parallel.data_parallel_size)      # within this replica
         self.replica = replica_index(tp, cfg.parallel.data_parallel_size)
-        self.max_model_len = self._max_model_len()
+        self.max_model_len = self.model_config.resolve_max_model_len(cfg.model.max_model_len, DEFAULT_MAX_MODEL_LEN)
         self.num_blocks = self._size_kv_pool()
         self.weight_formats, notes = weight_formats(cfg.model.path, self.model_config, cfg.model.weight_dtype, tp,
                                                     parse_device(cfg.context.device)[0],
@@ -101,32 +101,16 @@ class LLM:
         self._iterating = False                  # a generate_iter() is open
         self.build_seconds = 0.0
 
-    def _max_model_len(self) -> int:
-        """model.max_model_len, or when unset the model's own limit, at most DEFAULT_MAX_MODEL_LEN; ValueError when
-        it exceeds the model's max_position_embeddings or sliding window (LlamaConfig.check_max_model_len)."""
-        max_pos = getattr(self.model_config, "max_position_embeddings", None)
-        window = getattr(self.model_config, "sliding_window", None)
-        length = self.config.model.max_model_len
-        if length is None:
-            return min(DEFAULT_MAX_MODEL_LEN, max_pos or DEFAULT_MAX_MODEL_LEN, window or DEFAULT_MAX_MODEL_LEN)
-        self.model_config.check_max_model_len(length)     # checked here once; the model runner takes it as checked
-        return length
-
     def _size_kv_pool(self) -> int:
         """The pool's blocks: kv_cache.num_blocks, or memory_budget / bytes per block."""
         from ms_atb.worker.model_runner import kv_cache_bytes_per_block
-        cfg, kv = self.config, self.config.kv_cache
-        self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, kv.block_size, cfg.model.dtype,
+        cfg = self.config
+        self.kv_bytes_per_block = kv_cache_bytes_per_block(self.model_config, cfg.kv_cache.block_size, cfg.model.dtype,
                                                            cfg.parallel.tensor_parallel_size, self.cache_dtype,
                                                            parse_device(cfg.context.device)[0])
-        if kv.num_blocks != "auto":
-            return kv.num_blocks
-        budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
-        num_blocks = memory_budget.pool_blocks(budget, self.kv_bytes_per_block, kv.memory_budget)
-        dtype = self.cache_dtype
-        self._log(f"KV cache ({dtype}{' + float32 scales' if dtype == 'int8' else ''}): memory_budget "
-                  f"{budget} bytes / {self.kv_bytes_per_block} bytes per block of {kv.block_size} tokens = "
-                  f"{num_blocks} blocks ({num_blocks * kv.block_size} tokens)")
+        num_blocks, note = memory_budget.kv_pool_blocks(cfg.kv_cache, self.kv_bytes_per_block, self.cache_dtype)
+        if note:
+            self._log(note)
         return num_blocks
 
     # ---- the engine's parts, for callers that inspect them ------------------------------------

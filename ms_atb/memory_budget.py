@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 
+from ms_atb.config import parse_size
+
 PANEL = 16                # output columns per packed panel of a CPU float32 linear
 V1_UNLIMITED = 1 << 60    # cgroup v1 reports "no limit" as a number near 2**63
 # Bytes of a block of 32 rows x 16 columns and of a panel's header, per quantized format (ops/quant_matmul.cc);
@@ -174,6 +176,18 @@ def pool_blocks(budget: int, bytes_per_block: int, configured_budget) -> int:
     if num_blocks < 1:
         raise ValueError(f"kv_cache.memory_budget {configured_budget} holds no block of {bytes_per_block} bytes")
     return num_blocks
+
+
+def kv_pool_blocks(kv, bytes_per_block: int, cache_dtype: str) -> tuple[int, str | None]:
+    """Rule 4 for an engine's kv_cache section: (its blocks, a line saying how memory_budget sized them, or None
+    when num_blocks was given)."""
+    if kv.num_blocks != "auto":
+        return kv.num_blocks, None
+    budget = parse_size(kv.memory_budget, "kv_cache.memory_budget")
+    num_blocks = pool_blocks(budget, bytes_per_block, kv.memory_budget)
+    return num_blocks, (f"KV cache ({cache_dtype}{' + float32 scales' if cache_dtype == 'int8' else ''}): "
+                        f"memory_budget {budget} bytes / {bytes_per_block} bytes per block of {kv.block_size} "
+                        f"tokens = {num_blocks} blocks ({num_blocks * kv.block_size} tokens)")
 
 
 def check_engine_fits(config, model_config, num_blocks: int, kv_bytes_per_block: int, formats: dict) -> None:

@@ -67,6 +67,14 @@ class LlamaConfig:
             if kind not in _ROPE_KINDS:
                 raise ValueError(f"rope_scaling type {kind!r} not supported; allowed: {_ROPE_KINDS}")
 
+    def resolve_max_model_len(self, configured: int | None, default: int) -> int:
+        """`configured` (model.max_model_len) once checked, or when None the model's own limit (its positions,
+        its sliding window), at most `default`."""
+        if configured is None:
+            return min(default, self.max_position_embeddings, self.sliding_window or default)
+        self.check_max_model_len(configured)     # checked here once; the model runner takes it as checked
+        return configured
+
     def check_max_model_len(self, max_model_len: int) -> None:
         """ValueError when max_model_len exceeds the positions the model has or its sliding window: attention
         runs over the whole context, so a request must never outgrow the window."""
