@@ -41,6 +41,7 @@ def cache_key(compiler: str) -> str:
     h = hashlib.sha256()
     for path in source_files():
         h.update(str(path.relative_to(ASCENDC_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update((build.SOURCE_DIR / build.EXPORTS).read_bytes() + b"\0")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     for part in (compiler, version, " ".join(build.FLAGS), build.cpu_signature()):
         h.update(part.encode() + b"\0")

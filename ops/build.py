@@ -29,6 +29,7 @@ HEADERS = ("attention_decode.h", "attention_rows.h", "dtype.h", "fast_math.h", "
            "quant_layout.h", "quant_rows.h", "rope_row.h", "thread_pool.h")
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-fno-semantic-interposition", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-fno-trapping-math", "-pthread")
+EXPORTS = "exports.map"      # the linker's version script: only the C entry points are exported
 STALE_BUILD_S = 3600   # a temporary library this old belongs to a build that died
 KERNEL_CACHE = "the kernel cache (MS_ATB_KERNEL_CACHE)"
 
@@ -62,7 +63,7 @@ def cpu_signature() -> str:
 
 def cache_key(compiler: str) -> str:
     h = hashlib.sha256()
-    for name in SOURCES + HEADERS:
+    for name in SOURCES + HEADERS + (EXPORTS,):
         h.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes() + b"\0")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     for part in (compiler, version, " ".join(FLAGS), cpu_signature()):
@@ -146,7 +147,7 @@ def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOUR
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, *extra_flags, "-o", tmp, *(str(SOURCE_DIR / s) for s in sources)]
+        cmd = [compiler, *FLAGS, *extra_flags, f"-Wl,--version-script={SOURCE_DIR / EXPORTS}", "-o", tmp, *(str(SOURCE_DIR / s) for s in sources)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the ms_atb kernels failed:\n{' '.join(cmd)}\n{proc.stderr}")

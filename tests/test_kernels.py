@@ -154,6 +154,20 @@ def test_kernel_profile_printed_only_when_enabled(subprocess_runs):
     assert "ms_atb kernel profile" not in runs["one_thread"][1]
 
 
+def test_kernel_library_exports_only_its_c_entry_points():
+    """A library's C++ symbols (its thread pool, kernel profile, thread_local buffers, template functions) stay
+    its own: the ISA variants the tests load beside it, or any other library in the process, can neither
+    share them (STB_GNU_UNIQUE statics) nor bind to them."""
+    from ms_atb.ops import build
+    symbols = subprocess.run(["readelf", "-W", "--dyn-syms", build.kernel_library()], capture_output=True,
+                             text=True, check=True).stdout
+    defined = [f.split() for f in symbols.splitlines() if re.match(r"\s*\d+:", f) and " UND " not in f]
+    names = {row[7].split("@")[0] for row in defined if len(row) > 7}
+    assert {"PagedAttention", "PagedAttentionInferShape", "QuantMatMulQ4_0", "DecoderLayer"} <= names
+    assert all(re.fullmatch(r"[A-Z]\w*", n) for n in names), sorted(n for n in names if n[:1] == "_")[:5]
+    assert not any(row[4] == "UNIQUE" for row in defined)
+
+
 def test_linear_set_weight_rejects_wrong_shape():
     with pytest.raises(ValueError, match=re.escape("must be (8, 17), found (17, 8)")):
         ColumnParallelLinear(8, (9, 8)).set_weight(np.zeros((17, 8), np.float32))
