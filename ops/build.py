@@ -147,7 +147,8 @@ def compile_library(target: Path, extra_flags: tuple = (), sources: tuple = SOUR
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, *extra_flags, f"-Wl,--version-script={SOURCE_DIR / EXPORTS}", "-o", tmp, *(str(SOURCE_DIR / s) for s in sources)]
+        cmd = [compiler, *FLAGS, *extra_flags, f"-Wl,--version-script={SOURCE_DIR / EXPORTS}", "-o", tmp,
+               *(str(SOURCE_DIR / s) for s in sources)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the ms_atb kernels failed:\n{' '.join(cmd)}\n{proc.stderr}")
