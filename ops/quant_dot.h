@@ -37,17 +37,28 @@ constexpr int kDotPanels = 1;
 #endif
 static_assert(!kSplitNibbles || kDotPanels == 1, "split nibbles serve one panel at a time");
 
+// How far ahead of the block it multiplies a pass that is first to read a panel's bytes from memory asks for them
+// (into L1): the hardware prefetcher alone keeps too few lines in flight on some cores for a pass with little work
+// a byte. Zen 2, a decode step's matmuls of M's shape (604 MB, read once each), 2 threads: at one row 20.4-21.3 ->
+// 24.0-25.6 GB/s (the read bound 26-29), one thread 12.1 -> 14.5-14.8 (15.5); 2 rows 18.6 -> 23.2; 8 rows 6.9 -> 8.3
+// (what its multiplications allow); 32 rows, the multiplications' bound, unchanged. 768 bytes did as well, 2,048
+// and 4,096 worse. Panels are contiguous: the bytes past a panel's end are the next panel's.
+constexpr int64_t kStreamAhead = 1024;
+
 // Blocks [b0, b1) of NP panels (panel[p]) times MR rows of x (rows r of xq from row0), added to acc[r][p];
-// split: the one panel's blocks [b0, b1) split by SplitNibbles, or null.
+// split: the one panel's blocks [b0, b1) split by SplitNibbles, or null; stream: this pass is the first to read
+// the panels' blocks, so they come from memory (prefetched kStreamAhead bytes ahead).
 template <QuantFormat F, int MR, int NP>
 void PanelBlocks(const QuantRows &xq, int64_t row0, const uint8_t *const *panel, int64_t b0, int64_t b1,
-                 const uint8_t *split, Vec (*acc)[NP]) {
+                 const uint8_t *split, bool stream, Vec (*acc)[NP]) {
   const int64_t nbx = xq.kq / kQuantBlock;
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t *blk[NP], *quants[NP];
     for (int p = 0; p < NP; ++p) {
       blk[p] = panel[p] + QuantHeaderBytes(F) + b * QuantBlockBytes(F);
       quants[p] = blk[p] + QuantsAt(F);
+      if (stream)
+        for (int64_t o = 0; o < QuantBlockBytes(F); o += 64) __builtin_prefetch(blk[p] + kStreamAhead + o, 0, 3);
     }
     const int8_t *xb[MR];
     for (int r = 0; r < MR; ++r) xb[r] = xq.q + (row0 + r) * xq.kq + b * kQuantBlock;
@@ -84,17 +95,17 @@ void PanelBlocks(const QuantRows &xq, int64_t row0, const uint8_t *const *panel,
 // Blocks [b0, b1) of NP panels (panel, panel + panel_bytes, ...) times MR rows into y[r * ldy + p * ldp ... + 16]:
 // the sums so far are read from y unless the range starts at block 0, and an Int8 panel's column scales applied
 // when it ends at the last block nb. Each column's sum is one float chain in block order however the blocks are
-// split. split: as PanelBlocks'.
+// split. split, stream: as PanelBlocks'.
 template <QuantFormat F, int MR, int NP>
 void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t panel_bytes, int64_t b0, int64_t b1,
-               const uint8_t *split, int64_t nb, float *y, int64_t ldy, int64_t ldp) {
+               const uint8_t *split, bool stream, int64_t nb, float *y, int64_t ldy, int64_t ldp) {
   const uint8_t *panels[NP];
   Vec acc[MR][NP];
   for (int p = 0; p < NP; ++p) panels[p] = panel + p * panel_bytes;
   for (int r = 0; r < MR; ++r)
     for (int p = 0; p < NP; ++p)
       acc[r][p] = b0 == 0 ? gemv::Zero() : gemv::LoadFloats(reinterpret_cast<uint8_t *>(y + r * ldy + p * ldp));
-  PanelBlocks<F, MR, NP>(xq, row0, panels, b0, b1, split, acc);
+  PanelBlocks<F, MR, NP>(xq, row0, panels, b0, b1, split, stream, acc);
   for (int r = 0; r < MR; ++r)
     for (int p = 0; p < NP; ++p) {
       if constexpr (F == QuantFormat::kInt8)
@@ -106,12 +117,13 @@ void PanelRows(const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t 
 // Up to 4 rows (n) of NP panels: PanelRows with the row count a template argument.
 template <QuantFormat F, int NP>
 void PanelRowsUpTo4(int64_t n, const QuantRows &xq, int64_t row0, const uint8_t *panel, int64_t panel_bytes,
-                    int64_t b0, int64_t b1, const uint8_t *split, int64_t nb, float *y, int64_t ldy, int64_t ldp) {
+                    int64_t b0, int64_t b1, const uint8_t *split, bool stream, int64_t nb, float *y, int64_t ldy,
+                    int64_t ldp) {
   switch (n) {
-    case 1: PanelRows<F, 1, NP>(xq, row0, panel, panel_bytes, b0, b1, split, nb, y, ldy, ldp); break;
-    case 2: PanelRows<F, 2, NP>(xq, row0, panel, panel_bytes, b0, b1, split, nb, y, ldy, ldp); break;
-    case 3: PanelRows<F, 3, NP>(xq, row0, panel, panel_bytes, b0, b1, split, nb, y, ldy, ldp); break;
-    default: PanelRows<F, 4, NP>(xq, row0, panel, panel_bytes, b0, b1, split, nb, y, ldy, ldp); break;
+    case 1: PanelRows<F, 1, NP>(xq, row0, panel, panel_bytes, b0, b1, split, stream, nb, y, ldy, ldp); break;
+    case 2: PanelRows<F, 2, NP>(xq, row0, panel, panel_bytes, b0, b1, split, stream, nb, y, ldy, ldp); break;
+    case 3: PanelRows<F, 3, NP>(xq, row0, panel, panel_bytes, b0, b1, split, stream, nb, y, ldy, ldp); break;
+    default: PanelRows<F, 4, NP>(xq, row0, panel, panel_bytes, b0, b1, split, stream, nb, y, ldy, ldp); break;
   }
 }
 
@@ -158,12 +170,13 @@ void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, i
         const uint8_t *quants = split ? split_chunk : nullptr;   // split quants, or the panel's own
         if (split) SplitNibbles<F>(panel, b0, b1, split_chunk);
         for (int64_t r = r0; r < r1; r += 4) {
+          const bool stream = !tiled || r == r0;  // later groups of rows find the chunk in L1-L2
           float *yr = tiled ? sums.data() + ((p - t0) * rows + r - r0) * kQuantPanel : y + r * ldy + p * kQuantPanel;
           const int64_t ld = tiled ? kQuantPanel : ldy, ldp = tiled ? rows * kQuantPanel : kQuantPanel;
           if (np == kDotPanels)
-            PanelRowsUpTo4<F, kDotPanels>(r1 - r, xq, r, panel, panel_bytes, b0, b1, quants, nb, yr, ld, ldp);
+            PanelRowsUpTo4<F, kDotPanels>(r1 - r, xq, r, panel, panel_bytes, b0, b1, quants, stream, nb, yr, ld, ldp);
           else
-            PanelRowsUpTo4<F, 1>(r1 - r, xq, r, panel, panel_bytes, b0, b1, quants, nb, yr, ld, ldp);
+            PanelRowsUpTo4<F, 1>(r1 - r, xq, r, panel, panel_bytes, b0, b1, quants, stream, nb, yr, ld, ldp);
         }
       }
     }
