@@ -1,9 +1,15 @@
 """Shared engines: building one compiles its graphs (seconds to minutes), so tests share them, one session
 fixture per kind of engine (what is fixed at build time: model, dtype, block size, pool and step caps)."""
 import os
+import signal
 import sys
 
 os.environ.setdefault("MS_ATB_GRAPH_CACHE", "off")   # engines under test keep no graphs in the user's cache
+# A suite started in the background of a non-interactive shell inherits SIGINT ignored, and so would every job the
+# tests start, where Ctrl-C is what some of them test: Python's own handler again here (exec gives the children the
+# default action, and their Python its handler).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest
 
