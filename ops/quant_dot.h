@@ -37,13 +37,20 @@ constexpr int kDotPanels = 1;
 #endif
 static_assert(!kSplitNibbles || kDotPanels == 1, "split nibbles serve one panel at a time");
 
-// How far ahead of the block it multiplies a pass that is first to read a panel's bytes from memory asks for them
-// (into L1): the hardware prefetcher alone keeps too few lines in flight on some cores for a pass with little work
-// a byte. Zen 2, a decode step's matmuls of M's shape (604 MB, read once each), 2 threads: at one row 20.4-21.3 ->
+// How far ahead of the block it multiplies a pass asks for its panels' bytes (into L1) when it is the first to read
+// them from memory: the hardware prefetcher alone keeps too few lines in flight on some cores for a pass with little
+// work a byte. Zen 2, a decode step's matmuls of M's shape (604 MB, read once each), 2 threads: at one row 20.4-21.3 ->
 // 24.0-25.6 GB/s (the read bound 26-29), one thread 12.1 -> 14.5-14.8 (15.5); 2 rows 18.6 -> 23.2; 8 rows 6.9 -> 8.3
 // (what its multiplications allow); 32 rows, the multiplications' bound, unchanged. 768 bytes did as well, 2,048
 // and 4,096 worse. Panels are contiguous: the bytes past a panel's end are the next panel's.
 constexpr int64_t kStreamAhead = 1024;
+
+// Asks for the cache lines of [p + kStreamAhead, p + kStreamAhead + bytes). The address is formed as an integer: past
+// the last panel it points beyond the weights, which a prefetch may name (it never faults) but a pointer may not.
+inline void StreamAhead(const uint8_t *p, int64_t bytes) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p) + kStreamAhead;
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const void *>(at + o), 0, 3);
+}
 
 // Blocks [b0, b1) of NP panels (panel[p]) times MR rows of x (rows r of xq from row0), added to acc[r][p];
 // split: the one panel's blocks [b0, b1) split by SplitNibbles, or null; stream: this pass is the first to read
@@ -57,8 +64,7 @@ void PanelBlocks(const QuantRows &xq, int64_t row0, const uint8_t *const *panel,
     for (int p = 0; p < NP; ++p) {
       blk[p] = panel[p] + QuantHeaderBytes(F) + b * QuantBlockBytes(F);
       quants[p] = blk[p] + QuantsAt(F);
-      if (stream)
-        for (int64_t o = 0; o < QuantBlockBytes(F); o += 64) __builtin_prefetch(blk[p] + kStreamAhead + o, 0, 3);
+      if (stream) StreamAhead(blk[p], QuantBlockBytes(F));
     }
     const int8_t *xb[MR];
     for (int r = 0; r < MR; ++r) xb[r] = xq.q + (row0 + r) * xq.kq + b * kQuantBlock;
