@@ -176,7 +176,8 @@ void PanelRange(const QuantRows &xq, int64_t r0, int64_t r1, const uint8_t *w, i
         const uint8_t *quants = split ? split_chunk : nullptr;   // split quants, or the panel's own
         if (split) SplitNibbles<F>(panel, b0, b1, split_chunk);
         for (int64_t r = r0; r < r1; r += 4) {
-          const bool stream = !tiled || r == r0;  // later groups of rows find the chunk in L1-L2
+          // Later groups of rows find the chunk in L1-L2; a split chunk was read by SplitNibbles.
+          const bool stream = !tiled || (r == r0 && !split);
           float *yr = tiled ? sums.data() + ((p - t0) * rows + r - r0) * kQuantPanel : y + r * ldy + p * kQuantPanel;
           const int64_t ld = tiled ? kQuantPanel : ldy, ldp = tiled ? rows * kQuantPanel : kQuantPanel;
           if (np == kDotPanels)
