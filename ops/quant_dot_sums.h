@@ -262,12 +262,16 @@ constexpr int64_t kSplitBlockBytes = 0, kSplitChunkBlocks = 1, kSplitMinRows = 0
 template <QuantFormat F>
 void SplitNibbles(const uint8_t *, int64_t, int64_t, uint8_t *) {}
 
+// The loops over a block's groups are unrolled: rolled, GCC keeps a 4 x 2 tile's sums on the stack, a load and a
+// store around every dot product (AVX-512 VNNI, Zen 4, M's prompt matmuls at 512 rows: 238 -> 310 GOP/s on one
+// thread, 409-469 -> 557-615 on two; Q8_0 and Int8 +40%).
 template <QuantFormat F, int MR, int NP, bool Split>
 inline void BlockSums(const uint8_t *const *q, const int8_t *const *xb, Ints (*sum)[NP]) {
   static_assert(!Split, "only AVX2 splits nibbles");
   for (int r = 0; r < MR; ++r)
     for (int p = 0; p < NP; ++p) sum[r][p] = IntsZero();
   if constexpr (F == QuantFormat::kQ8_0 || F == QuantFormat::kInt8) {
+#pragma GCC unroll 8
     for (int g = 0; g < kQuantBlock / 4; ++g) {
       Signed w[NP];
       for (int p = 0; p < NP; ++p) w[p] = PrepareSigned(Load(q[p] + 64 * g));
@@ -282,6 +286,7 @@ inline void BlockSums(const uint8_t *const *q, const int8_t *const *xb, Ints (*s
     Pairs pairs[MR][NP];
     for (int r = 0; r < MR; ++r)
       for (int p = 0; p < NP; ++p) pairs[r][p] = PairsZero();
+#pragma GCC unroll 4
     for (int g = 0; g < kQuantBlock / 8; ++g) {
       Group lo[NP], hi[NP];
       for (int p = 0; p < NP; ++p) {
