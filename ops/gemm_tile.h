@@ -93,16 +93,19 @@ inline void GemmTile(const float *__restrict a, int64_t lda, int64_t ka, const f
   MS_ATB_STORE(0) MS_ATB_STORE(1) MS_ATB_STORE(2) MS_ATB_STORE(3) MS_ATB_STORE(4) MS_ATB_STORE(5)
 #undef MS_ATB_STORE
 #else
-  // Portable path (no AVX2/FMA): the same loop order, left to the compiler's vectoriser.
-  float acc[MR][kTileCols];
-  for (int i = 0; i < MR; ++i)
-    for (int64_t j = 0; j < kTileCols; ++j) acc[i][j] = accumulate ? c[i * ldc + j] : 0.0f;
-  for (int64_t k = 0; k < K; ++k)
-    for (int i = 0; i < MR; ++i) {
+  // Portable path (no AVX2/FMA), left to the compiler's vectoriser: one row of C at a time, over all of k (each
+  // C[i, j] sums its k in the same order as the paths above). Not k outer with the rows inside: GCC 12 then packs a
+  // step's MR reads of A into vector loads that also read A up to three steps of k further, past the end of A
+  // where ka is its row stride (PagedAttention's scores, ka = RP), which faults when A ends at a page.
+  for (int i = 0; i < MR; ++i) {
+    float acc[kTileCols];
+    for (int64_t j = 0; j < kTileCols; ++j) acc[j] = accumulate ? c[i * ldc + j] : 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
       const float x = a[i * lda + k * ka];
-      for (int64_t j = 0; j < kTileCols; ++j) acc[i][j] += x * b[k * ldb + j];
+      for (int64_t j = 0; j < kTileCols; ++j) acc[j] += x * b[k * ldb + j];
     }
-  for (int i = 0; i < MR; ++i) std::memcpy(c + i * ldc, acc[i], sizeof(acc[i]));
+    std::memcpy(c + i * ldc, acc, sizeof(acc));
+  }
 #endif
 }
 
