@@ -25,8 +25,8 @@ SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("cached_attention.cc", "decoder_layer.cc", "elementwise.cc", "lora.cc", "matmul.cc", "paged_attention.cc",
            "quant_embedding.cc", "quant_matmul.cc", "quant_pack.cc", "reshape_and_cache.cc")
 HEADERS = ("attention_decode.h", "attention_rows.h", "dtype.h", "fast_math.h", "gemm_tile.h", "kernel_profile.h",
-           "paged_attention_spans.h", "paged_attention_tiled.h", "quant_dot.h", "quant_dot_sums.h", "quant_gemv.h",
-           "quant_layout.h", "quant_rows.h", "rope_row.h", "thread_pool.h")
+           "paged_attention_spans.h", "paged_attention_tiled.h", "prefetch.h", "quant_dot.h", "quant_dot_sums.h",
+           "quant_gemv.h", "quant_layout.h", "quant_rows.h", "rope_row.h", "thread_pool.h")
 FLAGS = ("-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=0", "-fPIC", "-fno-semantic-interposition", "-shared", "-O3", "-march=native",
          "-fopenmp-simd", "-fno-trapping-math", "-pthread")
 EXPORTS = "exports.map"      # the linker's version script: only the C entry points are exported

@@ -30,6 +30,7 @@
 #include "gemm_tile.h"
 #include "kernel_profile.h"
 #include "fast_math.h"
+#include "prefetch.h"
 #include "thread_pool.h"
 
 namespace {
@@ -48,11 +49,11 @@ using ms_atb::Rows;
 
 constexpr int64_t kQueryTile = 32;
 // A decode row's pass over a long context is bound by memory latency: each kv head's rows of the block
-// kPrefetchBlocks ahead are asked into L2 (prefetcht1) as the head's rows of this block are read, a few lines at a
-// time. SmolLM2's shape over 8,160 tokens in DRAM, 2 threads (scripts/bench_attention.py --long-context): 0.69-0.75
-// ms a layer, against 0.96-0.99 ms with the whole next block asked into L1 at once or with no prefetch but the
-// hardware's (2 blocks ahead into L1: 1.15 ms; 16 into L2: 0.82-0.89 ms).
-constexpr int64_t kPrefetchBlocks = 8;
+// kPrefetchBlocks ahead are asked into L2 (PrefetchL2, prefetch.h) as the head's rows of this block are read. Zen 4,
+// SmolLM2's shape over 8,160 tokens in DRAM, 2 threads (scripts/bench_attention.py --long-context): 303-322 us a
+// layer 4 blocks ahead, 329-336 8 ahead, 354-356 16 ahead, 514-529 with no software prefetch; 1 to 4 ahead within
+// the noise of each other.
+constexpr int64_t kPrefetchBlocks = 4;
 
 // An item's rows, its pass over K/V done: normalised into out, or, for a span, as (max, sum, acc) into its slot of
 // a.partials for CombineSpans.
@@ -115,8 +116,8 @@ void RunItem(const Item &it, const Args &a, const float *query, const C *key_cac
     const int64_t at = (static_cast<int64_t>(table[j]) * BS * a.KVH + it.kv_begin + g) * D;
     for (int64_t t = 0; t < BS; ++t)
       for (int64_t e = 0; e < D; e += 64 / static_cast<int64_t>(sizeof(C))) {
-        __builtin_prefetch(key_cache + at + t * kv_stride + e, 0, 2);
-        __builtin_prefetch(value_cache + at + t * kv_stride + e, 0, 2);
+        ms_atb::PrefetchL2(reinterpret_cast<uintptr_t>(key_cache + at + t * kv_stride + e));
+        ms_atb::PrefetchL2(reinterpret_cast<uintptr_t>(value_cache + at + t * kv_stride + e));
       }
   };
   for (int64_t j = it.j_begin; j < std::min(nblocks, it.j_begin + kPrefetchBlocks); ++j)

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include "prefetch.h"
 #include "quant_dot_sums.h"
 #include "quant_gemv.h"
 #include "quant_rows.h"
@@ -49,7 +50,7 @@ constexpr int64_t kStreamAhead = 1024;
 // the last panel it points beyond the weights, which a prefetch may name (it never faults) but a pointer may not.
 inline void StreamAhead(const uint8_t *p, int64_t bytes) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(p) + kStreamAhead;
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const void *>(at + o), 0, 3);
+  for (int64_t o = 0; o < bytes; o += 64) PrefetchL1(at + o);
 }
 
 // Blocks [b0, b1) of NP panels (panel[p]) times MR rows of x (rows r of xq from row0), added to acc[r][p];
