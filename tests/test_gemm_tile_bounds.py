@@ -33,17 +33,15 @@ def guarded(n: int) -> np.ndarray:
 
 
 def operands(layout: str, m: int, k: int):
-    """A as the kernels lay it out, A's (lda, ka), and A's values as an [m, k] matrix."""
+    """A's values as the kernels lay them out, A's row stride ka, and A as an [m, k] matrix."""
     rng = np.random.default_rng(m * 100 + k)
     if layout == "rows":              # PackedMatMul: row r of A at r * K
         lda, ka, n = k, 1, m * k
     else:                             # PagedAttention: S^T [K, RP], row r of A is column r
         rp = -(-m // 16) * 16
         lda, ka, n = 1, rp, (k - 1) * rp + m
-    a = guarded(n)
-    a[:] = rng.standard_normal(n, dtype=np.float32)
-    dense = np.array([[a[r * lda + j * ka] for j in range(k)] for r in range(m)], np.float32)
-    return a, lda, ka, dense
+    a = rng.standard_normal(n, dtype=np.float32)
+    return a, ka, a[np.arange(m)[:, None] * lda + np.arange(k)[None, :] * ka]
 
 
 def weights(k: int) -> np.ndarray:
@@ -60,8 +58,9 @@ def probe(library: str) -> None:
     lib.ProbeScores.argtypes = [i64, i64, ptr, i64, ptr, ptr, i64]
     outs = []
     for layout, m, k in CASES:
-        a, _, ka, _ = operands(layout, m, k)
-        dense_b, b, c = weights(k), guarded(k * N), guarded(m * N)
+        values, ka, _ = operands(layout, m, k)
+        a, b, c, dense_b = guarded(len(values)), guarded(k * N), guarded(m * N), weights(k)
+        a[:] = values
         c[:] = 1.0
         if layout == "rows":          # B as PackedMatMul's panels [N / 16, K, 16]
             b[:] = dense_b.reshape(k, N // 16, 16).transpose(1, 0, 2).ravel()
@@ -92,7 +91,7 @@ def test_tile_reads_only_its_operands(probe_library):
     got = np.load(io.BytesIO(child.stdout))
     at = 0
     for layout, m, k in CASES:
-        _, _, _, dense = operands(layout, m, k)
+        _, _, dense = operands(layout, m, k)
         want = (layout == "scores") + dense.astype(np.float64) @ weights(k).astype(np.float64)
         np.testing.assert_allclose(got[at:at + m * N].reshape(m, N), want, rtol=1e-4, atol=1e-4,
                                    err_msg=f"{layout} m={m} K={k}")
