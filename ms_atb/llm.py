@@ -20,6 +20,7 @@ from ms_atb.engine.input_processor import InputProcessor, Prompt
 from ms_atb.engine.output_processor import OutputProcessor
 from ms_atb.engine.request import Request
 from ms_atb.engine.run import run_steps
+from ms_atb.engine.stats import flat_stats
 from ms_atb.engine.structured_outputs import StructuredOutputManager
 from ms_atb.outputs import RequestOutput
 from ms_atb.progress import progress_bar
@@ -309,34 +310,15 @@ class LLM:
         gets under the prefix policy included; the cache and scheduling counters add up since the KV cache was last
         emptied (build, reset_scheduler(), or a run that failed inside a step)."""
         s = self.engine.stats()
-        queries = s.get("prefix_cache_queries", 0)
-        out = {
-            "kv_cache_usage": self._run_stats.get("kv_cache_usage_mean", s.get("usage", 0.0)),
-            "kv_cache_usage_peak": self._run_stats.get("kv_cache_usage_peak", 0.0),
-            "prefix_cache_hit_rate": s.get("prefix_cache_hits", 0) / queries if queries else 0.0,
-            "prefix_cache_hits": s.get("prefix_cache_hits", 0),
-            "prefix_cache_queries": queries,
-            "num_preemptions": s["num_preemptions"],
-            "contiguity": s.get("contiguity", 1.0),
-            "allocation_contiguity": s.get("allocation_contiguity", 1.0),
-            "evictions": s.get("evictions", 0),
-            "peak_running": s["peak_running"],
-            "num_blocks": self.num_blocks,
-            "block_size": self.config.kv_cache.block_size,
-            "cache_dtype": self.cache_dtype,
-            "bytes_per_block": self.kv_bytes_per_block,
-            "num_computed_tokens": s["num_computed_prompt_tokens"],
-            "disk_cache_hit_tokens": s.get("disk_cache_hit_tokens", 0),
-            "disk_cache_written_blocks": 0,
-        }
+        extra = {}
         if "num_lora_loads" in s:               # LoRA on: adapters written into slots, and the time it took
-            out["lora_loads"] = s["num_lora_loads"]
-            out["lora_load_s"] = self.runner.lora_load_seconds if self.runner is not None else 0.0
+            extra["lora_loads"] = s["num_lora_loads"]
+            extra["lora_load_s"] = self.runner.lora_load_seconds if self.runner is not None else 0.0
         if self.disk_tier is not None:
-            out.update(self.disk_tier.stats())
-        out.update(tokens_per_s=0.0, num_output_tokens=0, elapsed_s=0.0, num_deduplicated=0)   # before any run
-        out.update({k: v for k, v in self._run_stats.items() if not k.startswith("kv_")})
-        return out
+            extra.update(self.disk_tier.stats())
+        pool = {"num_blocks": self.num_blocks, "block_size": self.config.kv_cache.block_size,
+                "cache_dtype": self.cache_dtype, "bytes_per_block": self.kv_bytes_per_block}
+        return flat_stats(s, self._run_stats, pool, extra)
 
     @property
     def policy(self) -> str:
