@@ -8,8 +8,6 @@ ops/trusted_cache.py).
 """
 import ctypes
 import functools
-import hashlib
-import subprocess
 from pathlib import Path
 
 from ms_atb.ops import build
@@ -38,14 +36,8 @@ def source_files() -> list:
 
 
 def cache_key(compiler: str) -> str:
-    h = hashlib.sha256()
-    for path in source_files():
-        h.update(str(path.relative_to(ASCENDC_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update((build.SOURCE_DIR / build.EXPORTS).read_bytes() + b"\0")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    for part in (compiler, version, " ".join(build.FLAGS), build.cpu_signature()):
-        h.update(part.encode() + b"\0")
-    return h.hexdigest()[:24]
+    files = [(str(path.relative_to(ASCENDC_DIR)), path) for path in source_files()]
+    return build.files_key(files + [(build.EXPORTS, build.SOURCE_DIR / build.EXPORTS)], compiler)
 
 
 @functools.lru_cache(maxsize=None)

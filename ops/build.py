@@ -62,9 +62,14 @@ def cpu_signature() -> str:
 
 
 def cache_key(compiler: str) -> str:
+    return files_key([(name, SOURCE_DIR / name) for name in SOURCES + HEADERS + (EXPORTS,)], compiler)
+
+
+def files_key(files, compiler: str) -> str:
+    """The cache key of a library built from files, (name, path) pairs, by compiler with FLAGS on this CPU."""
     h = hashlib.sha256()
-    for name in SOURCES + HEADERS + (EXPORTS,):
-        h.update(name.encode() + b"\0" + (SOURCE_DIR / name).read_bytes() + b"\0")
+    for name, path in files:
+        h.update(name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     for part in (compiler, version, " ".join(FLAGS), cpu_signature()):
         h.update(part.encode() + b"\0")
