@@ -56,7 +56,12 @@ void WriteRow(const S *src, int64_t D, C *dst) {
 template <typename S>
 float QuantizeRow(const S *src, int64_t D, int8_t *dst) {
   float amax = 0.0f;
-  for (int64_t d = 0; d < D; ++d) amax = std::fmax(amax, std::fabs(ms_atb::ToFloat(src[d])));
+  // A comparison, which skips a NaN as std::fmax does: GCC 12's AArch64 vectoriser fails (an internal compiler
+  // error) on an fmax reduction.
+  for (int64_t d = 0; d < D; ++d) {
+    const float a = std::fabs(ms_atb::ToFloat(src[d]));
+    amax = a > amax ? a : amax;
+  }
   if (!(amax > 0.0f) || !std::isfinite(amax)) {  // zeros (or a non-finite row: stored as zeros)
     std::memset(dst, 0, D);
     return 0.0f;
