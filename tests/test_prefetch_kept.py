@@ -20,7 +20,9 @@ PREFETCH = {"x86": {"L1": "prefetcht0", "L2": "prefetcht1"},
 # for the blocks ahead into L2 for every cache dtype, and QuantDot's GEMV streams each weight format's panels into L1.
 # A format's panel pass counts with the row tiles it calls (dot::PanelRows), which a compiler may keep apart.
 KEPT = {r"RunItem<float>": "L2", r"RunItem<ms_atb::Half>": "L2", r"RunItem<ms_atb::BFloat16>": "L2",
-        r"RunItem<signed char>": "L2", **{rf"dot::Panel(Range|Rows)<\(ms_atb::QuantFormat\){f}[,>]": "L1" for f in range(4)}}
+        r"RunItem<signed char>": "L2",
+        **{rf"dot::Panel(Range|Rows)<\(ms_atb::QuantFormat\){f}[,>]": "L1" for f in range(4)}}
+
 
 def host_arch() -> str | None:
     machine = platform.machine().lower()
