@@ -44,12 +44,7 @@ inline V8 Load(const float *p) { return *reinterpret_cast<const V8u *>(p); }
 // a * b + c, fused where the build has FMA (x86 with FMA, every AArch64 core), else rounded twice; never left to
 // the compiler, which fuses some chains and not others (GCC's tuning avoids FMA in some loop-carried sums): a
 // product must round alike in every tile that computes it.
-#if defined(__FMA__) || defined(__aarch64__)
-constexpr bool kFused = true;
-#else
-constexpr bool kFused = false;
-#endif
-
+#if !defined(__FMA__) && !defined(__aarch64__)
 // The product p kept apart from the addition that follows it (a separate rounding: no contraction).
 template <typename T>
 inline void Rounded(T &p) {
@@ -59,26 +54,29 @@ inline void Rounded(T &p) {
   asm("" : "+m"(p));
 #endif
 }
+#endif
 
 inline V8 Fma(V8 a, V8 b, V8 c) {
 #if defined(__FMA__)
   return _mm256_fmadd_ps(a, b, c);
+#elif defined(__aarch64__)
+  V8 r;  // a lane at a time, which the vectoriser turns into fmla
+  for (int i = 0; i < 8; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
 #else
-  if constexpr (kFused) {  // AArch64: a lane at a time, which the vectoriser turns into fmla
-    V8 r;
-    for (int i = 0; i < 8; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
-    return r;
-  }
   V8 p = a * b;
   Rounded(p);
   return p + c;
 #endif
 }
 inline float Fma(float a, float b, float c) {
-  if constexpr (kFused) return __builtin_fmaf(a, b, c);
+#if defined(__FMA__) || defined(__aarch64__)
+  return __builtin_fmaf(a, b, c);
+#else
   float p = a * b;
   Rounded(p);
   return p + c;
+#endif
 }
 
 inline float Sum(V8 s) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
